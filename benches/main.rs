@@ -1,0 +1,177 @@
+//! Benchmarks: `cargo bench` (one criterion entry point; each scenario a function).
+//!
+//! - `local_lease_hit`: a decision answered from leased tokens (DashMap lookup + one compare-and-swap).
+//! - `redis_per_call`: the baseline, one EVALSHA round trip per decision (a private `redis-server`).
+//! - `lease_refill/batch=N`: decisions on a leased key over Redis where every N decisions need a new lease.
+//! - `local_lease_hit_contended`: two threads on one hot key.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tokenlease::{Lease, Limiter, RedisStore, Rule};
+
+struct Server(Child, u16);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn redis_server() -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed to benchmark the Redis paths");
+    let server = Server(child, port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    server
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A rule that never runs dry during a bench: a huge capacity and rate.
+fn hot_rule(batch: u64) -> Rule {
+    Rule::token_bucket("hot", 1 << 40, 1 << 30, Duration::from_secs(1))
+        .and_then(|r| {
+            r.with_lease(Lease {
+                min_batch: batch,
+                max_batch: batch,
+                ttl: Duration::from_secs(10),
+            })
+        })
+        .expect("rule")
+}
+
+fn local_lease_hit(c: &mut Criterion) {
+    let rt = runtime();
+    let limiter = rt
+        .block_on(async {
+            Limiter::builder()
+                .rule(hot_rule(100_000))
+                .expected_processes(1)
+                .build()
+        })
+        .expect("limiter");
+    let warm = rt
+        .block_on(async { limiter.check("hot", "sku:1", 1).await })
+        .expect("warm");
+    assert!(warm.allowed);
+    let mut g = c.benchmark_group("decision");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("local_lease_hit", |b| {
+        b.to_async(&rt)
+            .iter(|| async { limiter.check("hot", "sku:1", 1).await.expect("check") })
+    });
+    g.finish();
+}
+
+fn local_lease_hit_contended(c: &mut Criterion) {
+    let rt = runtime();
+    let limiter = rt
+        .block_on(async {
+            Limiter::builder()
+                .rule(hot_rule(100_000))
+                .expected_processes(1)
+                .build()
+        })
+        .expect("limiter");
+    let mut g = c.benchmark_group("decision");
+    g.throughput(Throughput::Elements(2));
+    g.bench_function("local_lease_hit_2_threads", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let started = Instant::now();
+                let tasks: Vec<_> = (0..2)
+                    .map(|_| {
+                        let l = limiter.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..iters {
+                                let _ = l.check("hot", "sku:1", 1).await;
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    let _ = t.await;
+                }
+                started.elapsed()
+            })
+        })
+    });
+    g.finish();
+}
+
+fn redis_paths(c: &mut Criterion) {
+    let server = redis_server();
+    let rt = runtime();
+    let url = format!("redis://127.0.0.1:{}", server.1);
+    let build = |rule: Rule| {
+        let store = RedisStore::connect(&url, Duration::from_secs(1)).expect("store");
+        rt.block_on(async {
+            Limiter::builder()
+                .rule(rule)
+                .store(Arc::new(store))
+                .timeout(Duration::from_secs(1))
+                .expected_processes(1)
+                .build()
+        })
+        .expect("limiter")
+    };
+    let mut g = c.benchmark_group("decision");
+    g.throughput(Throughput::Elements(1));
+    let per_call =
+        build(Rule::token_bucket("hot", 1 << 40, 1 << 30, Duration::from_secs(1)).expect("rule"));
+    g.bench_function("redis_per_call", |b| {
+        b.to_async(&rt)
+            .iter(|| async { per_call.check("hot", "sku:1", 1).await.expect("check") })
+    });
+    for batch in [10_u64, 100, 1000] {
+        let leased = build(hot_rule(batch));
+        g.bench_with_input(
+            BenchmarkId::new("lease_refill", format!("batch={batch}")),
+            &batch,
+            |b, _| {
+                b.to_async(&rt)
+                    .iter(|| async { leased.check("hot", "sku:1", 1).await.expect("check") })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    local_lease_hit,
+    local_lease_hit_contended,
+    redis_paths
+);
+criterion_main!(benches);

@@ -1,0 +1,85 @@
+//! The `tokenlease` command: validate a config, run the flash-sale simulation.
+//!
+//! Thin by design: everything it does goes through the library's `Limiter`.
+
+mod flash_sale;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Distributed rate limiter: leased token buckets over Redis.
+#[derive(Debug, Parser)]
+#[command(name = "tokenlease", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Validate a config file (default: ./config.toml) and list its rules.
+    CheckConfig {
+        /// The file to check.
+        path: Option<PathBuf>,
+    },
+    /// Simulate a flash sale: P processes × T tasks hammering one hot key.
+    FlashSale(flash_sale::Args),
+    /// One worker process of `flash-sale` (spawned by it).
+    #[command(hide = true)]
+    FlashSaleWorker {
+        /// The worker's assignment, as JSON.
+        #[arg(long)]
+        spec: String,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::CheckConfig { path } => check_config(path),
+        Command::FlashSale(args) => flash_sale::run(args),
+        Command::FlashSaleWorker { spec } => flash_sale::worker(&spec),
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("tokenlease: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
+    let path = path.unwrap_or_else(|| PathBuf::from("config.toml"));
+    let config = tokenlease::Config::from_path(&path).map_err(|e| e.to_string())?;
+    println!("{}: ok", path.display());
+    match &config.redis {
+        Some(r) => println!(
+            "  store: redis {} (timeout {:?}, fail_mode {})",
+            r.url,
+            r.timeout,
+            r.fail_mode.as_str()
+        ),
+        None => println!("  store: in-process"),
+    }
+    for rule in &config.rules {
+        let lease = rule
+            .lease()
+            .map(|l| format!(", lease {}..{} ttl {:?}", l.min_batch, l.max_batch, l.ttl));
+        println!(
+            "  rule {}: {}{}",
+            rule.name,
+            rule.algorithm.name(),
+            lease.unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,551 @@
+//! `config.toml`: parsed with serde + toml, durations with humantime, unknown fields refused, every invalid value
+//! reported with its file, line and field (DESIGN.md §5).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::rule::{self, whole_ms, Algorithm, FailMode, Lease, Rule};
+
+/// A configuration error: where it is and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not have the expected shape (unknown field, wrong type, ...).
+    #[error("{}{}: {}{message}", origin(.path), at_line(*.line), quoted(.source_line))]
+    Parse {
+        /// The file, when read from one.
+        path: Option<PathBuf>,
+        /// 1-based line, when known.
+        line: Option<usize>,
+        /// The text of that line (which names the field), when known.
+        source_line: Option<String>,
+        /// toml's message.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("{}{}: {context}`{field}`: {message}", origin(.path), at_line(*.line))]
+    Invalid {
+        /// The file, when read from one.
+        path: Option<PathBuf>,
+        /// 1-based line of the table holding the value, when known.
+        line: Option<usize>,
+        /// `rule "sku_buy": ` or empty.
+        context: String,
+        /// The field's name, e.g. `lease.max_batch`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn origin(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map_or_else(|| "config".to_owned(), |p| p.display().to_string())
+}
+
+fn quoted(line: &Option<String>) -> String {
+    line.as_ref()
+        .map(|l| format!("`{l}`: "))
+        .unwrap_or_default()
+}
+
+fn at_line(line: Option<usize>) -> String {
+    line.map(|l| format!(":{l}")).unwrap_or_default()
+}
+
+/// The whole configuration, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The Redis store; `None` uses the in-process store.
+    pub redis: Option<RedisConfig>,
+    /// Where the binary serves `/metrics`.
+    pub metrics: Option<MetricsConfig>,
+    /// Settings of the local lease cache.
+    pub local: LocalConfig,
+    /// The rules, in file order, names unique.
+    pub rules: Vec<Rule>,
+    /// The limiter-wide fail mode (from `[redis] fail_mode`, default `local`).
+    pub fail_mode: FailMode,
+}
+
+/// `[redis]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Prefix of every key: `{prefix}:{rule:key}`.
+    #[serde(default = "default_prefix")]
+    pub key_prefix: String,
+    /// Timeout of every Redis call (humantime, e.g. `"5ms"`).
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// What to do when Redis fails: `open`, `closed` or `local`.
+    #[serde(default)]
+    pub fail_mode: FailMode,
+    /// How many processes share the limits: a lease never takes more than `capacity / expected_processes`,
+    /// and `fail_mode = "local"` enforces that share in each process.
+    #[serde(default = "default_expected_processes")]
+    pub expected_processes: u32,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` the Prometheus exporter listens on.
+    pub listen: std::net::SocketAddr,
+}
+
+/// `[local]`: the in-process cache of leased tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalConfig {
+    /// Keys kept in the local cache; the idlest are evicted beyond it.
+    #[serde(default = "default_max_local_keys")]
+    pub max_local_keys: usize,
+    /// A key untouched this long is evicted (its tokens are given back first).
+    #[serde(default = "default_idle_ttl", with = "humantime_serde")]
+    pub idle_ttl: Duration,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        Self {
+            max_local_keys: default_max_local_keys(),
+            idle_ttl: default_idle_ttl(),
+        }
+    }
+}
+
+fn default_prefix() -> String {
+    "tl".into()
+}
+fn default_timeout() -> Duration {
+    Duration::from_millis(50)
+}
+fn default_expected_processes() -> u32 {
+    4
+}
+fn default_max_local_keys() -> usize {
+    100_000
+}
+fn default_idle_ttl() -> Duration {
+    Duration::from_secs(60)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    redis: Option<Spanned<RedisConfig>>,
+    metrics: Option<MetricsConfig>,
+    #[serde(default)]
+    local: LocalConfig,
+    #[serde(default)]
+    rule: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum AlgorithmName {
+    TokenBucket,
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+    LeakyBucket,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Reset {
+    Midnight,
+    Hour,
+    Minute,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    #[serde(default = "one")]
+    min_batch: u64,
+    max_batch: u64,
+    #[serde(with = "humantime_serde")]
+    ttl: Duration,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    algorithm: AlgorithmName,
+    capacity: Option<u64>,
+    rate: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    per: Option<Duration>,
+    lease: Option<RawLease>,
+    limit: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    window: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    ban: Option<Duration>,
+    reset: Option<Reset>,
+    utc_offset: Option<String>,
+    sub_buckets: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    max_wait: Option<Duration>,
+    fail_mode: Option<FailMode>,
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, line and field of the first problem.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, Some(path))
+    }
+
+    /// Parses and validates TOML text.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the line and field of the first problem.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Self::parse(text, None)
+    }
+
+    /// A configuration with no Redis (the in-process store) and these rules.
+    pub fn in_memory(rules: Vec<Rule>) -> Self {
+        Self {
+            redis: None,
+            metrics: None,
+            local: LocalConfig::default(),
+            rules,
+            fail_mode: FailMode::default(),
+        }
+    }
+
+    /// The rule named `name`.
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name == name)
+    }
+
+    fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
+        let line_of =
+            |offset: usize| Some(text[..offset.min(text.len())].matches('\n').count() + 1);
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().and_then(|s| line_of(s.start));
+            let source_line = line
+                .and_then(|l| text.lines().nth(l - 1))
+                .map(|l| l.trim().chars().take(120).collect::<String>())
+                .filter(|l| !l.is_empty() && !l.starts_with('['));
+            ConfigError::Parse {
+                path: path.map(Path::to_owned),
+                line,
+                source_line,
+                message: e.message().trim().to_owned(),
+            }
+        })?;
+        let invalid = |line: Option<usize>, context: String, field: &str, message: String| {
+            ConfigError::Invalid {
+                path: path.map(Path::to_owned),
+                line,
+                context,
+                field: field.to_owned(),
+                message,
+            }
+        };
+
+        let mut fail_mode = FailMode::default();
+        let redis = match raw.redis {
+            None => None,
+            Some(spanned) => {
+                let line = line_of(spanned.span().start);
+                let r = spanned.into_inner();
+                let ctx = || "[redis] ".to_owned();
+                if redis::parse_redis_url(&r.url).is_none() {
+                    return Err(invalid(
+                        line,
+                        ctx(),
+                        "url",
+                        format!("`{}` is not a redis:// URL", r.url),
+                    ));
+                }
+                if r.timeout.is_zero() {
+                    return Err(invalid(
+                        line,
+                        ctx(),
+                        "timeout",
+                        "must be longer than zero".into(),
+                    ));
+                }
+                if r.expected_processes == 0 {
+                    return Err(invalid(
+                        line,
+                        ctx(),
+                        "expected_processes",
+                        "must be at least 1".into(),
+                    ));
+                }
+                if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}']) {
+                    return Err(invalid(
+                        line,
+                        ctx(),
+                        "key_prefix",
+                        "must be non-empty and hold no `{` or `}`".into(),
+                    ));
+                }
+                fail_mode = r.fail_mode;
+                Some(r)
+            }
+        };
+        if raw.local.max_local_keys == 0 {
+            return Err(invalid(
+                None,
+                "[local] ".into(),
+                "max_local_keys",
+                "must be at least 1".into(),
+            ));
+        }
+        if raw.local.idle_ttl.is_zero() {
+            return Err(invalid(
+                None,
+                "[local] ".into(),
+                "idle_ttl",
+                "must be longer than zero".into(),
+            ));
+        }
+
+        let mut rules: Vec<Rule> = Vec::with_capacity(raw.rule.len());
+        for spanned in raw.rule {
+            // The line of the rule's `[[rule]]` header.
+            let line = line_of(spanned.span().start);
+            let raw_rule = spanned.into_inner();
+            let ctx = format!("rule \"{}\": ", raw_rule.name);
+            if rules.iter().any(|r| r.name == raw_rule.name) {
+                return Err(invalid(
+                    line,
+                    ctx,
+                    "name",
+                    "is used by an earlier rule".into(),
+                ));
+            }
+            let rule = build_rule(raw_rule)
+                .map_err(|(field, message)| invalid(line, ctx, field, message))?;
+            rules.push(rule);
+        }
+        Ok(Self {
+            redis,
+            metrics: raw.metrics,
+            local: raw.local,
+            rules,
+            fail_mode,
+        })
+    }
+}
+
+type FieldError = (&'static str, String);
+
+fn required<T>(v: Option<T>, field: &'static str, algorithm: &str) -> Result<T, FieldError> {
+    v.ok_or_else(|| (field, format!("is required by algorithm {algorithm}")))
+}
+
+fn positive(v: u64, field: &'static str) -> Result<u64, FieldError> {
+    if v == 0 {
+        return Err((field, "must be at least 1".into()));
+    }
+    Ok(v)
+}
+
+/// `+08:00`, `-05:30`, `Z` → offset east of UTC in milliseconds.
+fn parse_utc_offset(s: &str) -> Result<i64, FieldError> {
+    let bad = || {
+        (
+            "utc_offset",
+            format!("`{s}` is not an offset like \"+08:00\" or \"-05:30\""),
+        )
+    };
+    if s == "Z" || s == "UTC" {
+        return Ok(0);
+    }
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'+') => (1, &s[1..]),
+        Some(b'-') => (-1, &s[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    let (h, m): (i64, i64) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    if h > 14 || m > 59 || h < 0 || m < 0 {
+        return Err(bad());
+    }
+    Ok(sign * (h * 3_600_000 + m * 60_000))
+}
+
+fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
+    let name = r.algorithm;
+    let algo = match name {
+        AlgorithmName::TokenBucket => "token_bucket",
+        AlgorithmName::FixedWindow => "fixed_window",
+        AlgorithmName::SlidingLog => "sliding_log",
+        AlgorithmName::SlidingWindow => "sliding_window",
+        AlgorithmName::LeakyBucket => "leaky_bucket",
+    };
+    if r.name.is_empty() || r.name.contains(['{', '}']) {
+        return Err(("name", "must be non-empty and hold no `{` or `}`".into()));
+    }
+    // Fields that belong to other algorithms are errors, not silently ignored.
+    let allowed: &[&str] = match name {
+        AlgorithmName::TokenBucket => &["capacity", "rate", "per", "lease"],
+        AlgorithmName::FixedWindow => &["limit", "window", "ban", "reset", "utc_offset"],
+        AlgorithmName::SlidingLog => &["limit", "window", "ban"],
+        AlgorithmName::SlidingWindow => &["limit", "window", "ban", "sub_buckets"],
+        AlgorithmName::LeakyBucket => &["rate", "per", "max_wait"],
+    };
+    let present = [
+        ("capacity", r.capacity.is_some()),
+        ("rate", r.rate.is_some()),
+        ("per", r.per.is_some()),
+        ("lease", r.lease.is_some()),
+        ("limit", r.limit.is_some()),
+        ("window", r.window.is_some()),
+        ("ban", r.ban.is_some()),
+        ("reset", r.reset.is_some()),
+        ("utc_offset", r.utc_offset.is_some()),
+        ("sub_buckets", r.sub_buckets.is_some()),
+        ("max_wait", r.max_wait.is_some()),
+    ];
+    if let Some((field, _)) = present.iter().find(|(f, p)| *p && !allowed.contains(f)) {
+        return Err((field, format!("is not used by algorithm {algo}")));
+    }
+    let ban_ms = match r.ban {
+        None => 0,
+        Some(d) => whole_ms(d, "ban")?,
+    };
+
+    let algorithm = match name {
+        AlgorithmName::TokenBucket => {
+            let capacity = required(r.capacity, "capacity", algo)?;
+            let rate = required(r.rate, "rate", algo)?;
+            let per = required(r.per, "per", algo)?;
+            let bucket = rule::token_bucket_params(capacity, rate, per)?;
+            let lease = match r.lease {
+                None => None,
+                Some(l) => {
+                    let lease = Lease {
+                        min_batch: l.min_batch,
+                        max_batch: l.max_batch,
+                        ttl: l.ttl,
+                    };
+                    rule::validate_lease(&lease, capacity)?;
+                    Some(lease)
+                }
+            };
+            Algorithm::TokenBucket { bucket, lease }
+        }
+        AlgorithmName::FixedWindow => {
+            let limit = positive(required(r.limit, "limit", algo)?, "limit")?;
+            let window_ms = whole_ms(required(r.window, "window", algo)?, "window")?;
+            let align_ms = match r.reset {
+                None => {
+                    if r.utc_offset.is_some() {
+                        return Err((
+                            "utc_offset",
+                            "needs `reset` (midnight, hour or minute)".into(),
+                        ));
+                    }
+                    None
+                }
+                Some(reset) => {
+                    let period: u64 = match reset {
+                        Reset::Midnight => 86_400_000,
+                        Reset::Hour => 3_600_000,
+                        Reset::Minute => 60_000,
+                    };
+                    if window_ms % period != 0 {
+                        return Err(("window", format!("must be a whole number of {reset:?}s to reset at one (got {window_ms} ms)").to_lowercase()));
+                    }
+                    // Windows start where (now_ms + offset) is a multiple of the window: local midnight.
+                    let offset = parse_utc_offset(r.utc_offset.as_deref().unwrap_or("Z"))?;
+                    let w = i64::try_from(window_ms)
+                        .map_err(|_| ("window", "is too long".to_owned()))?;
+                    Some(u64::try_from(offset.rem_euclid(w)).unwrap_or(0))
+                }
+            };
+            Algorithm::FixedWindow {
+                limit,
+                window_ms,
+                align_ms,
+                ban_ms,
+            }
+        }
+        AlgorithmName::SlidingLog => Algorithm::SlidingLog {
+            limit: positive(required(r.limit, "limit", algo)?, "limit")?,
+            window_ms: whole_ms(required(r.window, "window", algo)?, "window")?,
+            ban_ms,
+        },
+        AlgorithmName::SlidingWindow => {
+            let window_ms = whole_ms(required(r.window, "window", algo)?, "window")?;
+            let sub_buckets = positive(r.sub_buckets.unwrap_or(10), "sub_buckets")?;
+            if sub_buckets > 1000 || window_ms % sub_buckets != 0 {
+                return Err((
+                    "sub_buckets",
+                    format!("must divide the window ({window_ms} ms) and be at most 1000"),
+                ));
+            }
+            Algorithm::SlidingWindow {
+                limit: positive(required(r.limit, "limit", algo)?, "limit")?,
+                window_ms,
+                sub_buckets,
+                ban_ms,
+            }
+        }
+        AlgorithmName::LeakyBucket => Algorithm::LeakyBucket {
+            rate: positive(required(r.rate, "rate", algo)?, "rate")?,
+            per_ms: whole_ms(required(r.per, "per", algo)?, "per")?,
+            max_wait_ms: match r.max_wait {
+                None => 0,
+                Some(d) => u64::try_from(d.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .min(crate::algorithm::MAX_EXACT - 1),
+            },
+        },
+    };
+    Ok(Rule {
+        name: r.name,
+        algorithm,
+        fail_mode: r.fail_mode,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_offsets() {
+        assert_eq!(parse_utc_offset("+08:00"), Ok(28_800_000));
+        assert_eq!(parse_utc_offset("-05:30"), Ok(-19_800_000));
+        assert!(parse_utc_offset("8").is_err());
+        assert!(parse_utc_offset("+25:00").is_err());
+    }
+}

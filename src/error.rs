@@ -1,0 +1,104 @@
+//! Errors. A refusal is a [`crate::Decision`], never an error: errors are for what went wrong.
+
+use std::time::Duration;
+
+/// What can go wrong when asking the limiter.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No rule of this name is configured.
+    #[error("unknown rule `{0}`")]
+    UnknownRule(String),
+    /// The cost exceeds what the rule can ever grant at once (its capacity or limit): the call can never succeed
+    /// (governor's `InsufficientCapacity`).
+    #[error("rule `{rule}`: cost {cost} exceeds the capacity {capacity} tokens, so it can never be granted")]
+    CostAboveCapacity {
+        /// The rule asked.
+        rule: String,
+        /// Tokens asked for.
+        cost: u64,
+        /// The most the rule grants at once, in tokens.
+        capacity: u64,
+    },
+    /// An argument is out of its range; `name` is the argument's name.
+    #[error("invalid argument `{name}`: {reason}")]
+    InvalidArgument {
+        /// The argument's name (`cost`, `key`, ...).
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The store failed and the rule's `fail_mode` is not one that answers anyway.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The limiter was shut down.
+    #[error("the limiter is shut down")]
+    ShutDown,
+}
+
+/// The kind of a store failure; also the `kind` label of `tokenlease_redis_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The call did not answer within the configured timeout.
+    Timeout,
+    /// The connection failed or dropped.
+    Io,
+    /// The script was missing and could not be loaded.
+    NoScript,
+    /// A cluster redirection or topology error.
+    Cluster,
+    /// Anything else (a script error, a protocol error).
+    Other,
+}
+
+impl StoreErrorKind {
+    /// The metric label of this kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Io => "io",
+            Self::NoScript => "noscript",
+            Self::Cluster => "cluster",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// A failed store call.
+#[derive(Debug, thiserror::Error)]
+#[error("store call `{script}` failed ({}): {message}", kind.as_str())]
+pub struct StoreError {
+    /// What failed.
+    pub kind: StoreErrorKind,
+    /// The script that was run.
+    pub script: &'static str,
+    /// The store's own message.
+    pub message: String,
+    /// The underlying error, when there is one.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A timeout after `after`.
+    pub fn timeout(script: &'static str, after: Duration) -> Self {
+        Self {
+            kind: StoreErrorKind::Timeout,
+            script,
+            message: format!("no answer within {after:?}"),
+            source: None,
+        }
+    }
+
+    /// Whether retrying later may succeed (timeouts and connection failures).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Timeout | StoreErrorKind::Io | StoreErrorKind::Cluster
+        )
+    }
+}

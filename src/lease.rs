@@ -1,0 +1,411 @@
+//! The lease cache: tokens leased in batches from the shared bucket into local buckets, one per hot key.
+//!
+//! A [`LocalBucket`] is what the hot path touches: an atomic count of leased tokens taken with one
+//! compare-and-swap, a deadline, and a cached "exhausted until". Everything slower (the book of leases and
+//! their deadlines, the adaptive batch size) sits behind a mutex that only the lease and expiry paths take.
+//!
+//! Invariant 1 of DESIGN.md §3 rests on the deadlines: a token is spent at most `ttl` after the lease that
+//! brought it was *sent*, so over any span W the process admits at most what Redis granted over W + ttl.
+//! Spending is first-in first-out, so what is left always belongs to the newest leases: when a lease's
+//! deadline passes, only the tokens beyond what the younger leases brought are expired and given back.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::algorithm::{Reply, TokenBucket};
+use crate::rule::Lease;
+
+/// "Never" in a nanosecond timestamp.
+pub(crate) const NEVER_NS: u64 = u64::MAX;
+
+/// A batch of tokens and the time by which they must be spent.
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    /// Tokens of this batch still attributed to it.
+    tokens: u64,
+    /// Monotonic ns after which its tokens go back.
+    deadline_ns: u64,
+}
+
+#[derive(Debug)]
+struct Book {
+    /// Live batches, oldest first.
+    batches: VecDeque<Batch>,
+    /// The adaptive batch size, in tokens.
+    batch: u64,
+    /// The last lease was refused or partial: ask for a whole batch as `min` (DESIGN.md §3, invariant 4).
+    saturated: bool,
+    /// When the last lease was sent, and how many tokens were there right after it arrived.
+    last_lease_ns: u64,
+    available_after_lease: u64,
+}
+
+/// What a lease will ask the shared bucket for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeasePlan {
+    /// Grant nothing below this many tokens.
+    pub min: u64,
+    /// Grant at most this many tokens.
+    pub max: u64,
+}
+
+/// One key's leased tokens in this process.
+#[derive(Debug)]
+pub(crate) struct LocalBucket {
+    /// The store key (`{prefix}:{rule:key}`), built once.
+    pub store_key: String,
+    /// Tokens that may be spent now.
+    available: AtomicU64,
+    /// Earliest deadline of a batch holding tokens; [`NEVER_NS`] when none.
+    next_deadline_ns: AtomicU64,
+    /// The shared bucket said "empty": refuse locally until then.
+    exhausted_until_ns: AtomicU64,
+    /// The shared bucket said it will never have enough (a rate-0 stock): report "never" while exhausted.
+    exhausted_never: AtomicBool,
+    /// A lease failed: decide by `fail_mode` until then instead of asking the store again.
+    failing_until_ns: AtomicU64,
+    /// When the shared bucket will be full again, from the last reply.
+    full_at_ns: AtomicU64,
+    /// Below this many tokens a lease is started in the background.
+    low_watermark: AtomicU64,
+    /// A caller found too few tokens since the last lease (demand outran the batch).
+    starved: AtomicBool,
+    /// One lease in flight per key per process.
+    in_flight: AtomicBool,
+    /// Last time a lease was started (for idle eviction).
+    pub last_used_ns: AtomicU64,
+    /// Wakes callers waiting on the lease in flight.
+    pub notify: Notify,
+    book: Mutex<Book>,
+}
+
+/// The outcome of the hot path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Local {
+    /// Taken; tokens left in this process.
+    Taken { remaining: u64 },
+    /// The shared bucket is empty until `retry_after_ns` from now ([`NEVER_NS`]: never).
+    Exhausted { retry_after_ns: u64 },
+    /// The last lease failed; decide by `fail_mode`.
+    Failing,
+    /// Too few tokens here: a lease is needed.
+    Empty,
+}
+
+impl LocalBucket {
+    pub(crate) fn new(store_key: String, lease: &Lease, now_ns: u64) -> Self {
+        Self {
+            store_key,
+            available: AtomicU64::new(0),
+            next_deadline_ns: AtomicU64::new(NEVER_NS),
+            exhausted_until_ns: AtomicU64::new(0),
+            exhausted_never: AtomicBool::new(false),
+            failing_until_ns: AtomicU64::new(0),
+            full_at_ns: AtomicU64::new(0),
+            low_watermark: AtomicU64::new(lease.min_batch / 4),
+            starved: AtomicBool::new(false),
+            in_flight: AtomicBool::new(false),
+            last_used_ns: AtomicU64::new(now_ns),
+            notify: Notify::new(),
+            book: Mutex::new(Book {
+                batches: VecDeque::new(),
+                batch: lease.min_batch,
+                saturated: false,
+                last_lease_ns: now_ns,
+                available_after_lease: 0,
+            }),
+        }
+    }
+
+    /// Tokens that may be spent now.
+    pub(crate) fn available(&self) -> u64 {
+        self.available.load(Ordering::Acquire)
+    }
+
+    /// Whether a batch's deadline has passed, so [`Self::expire`] has work.
+    #[inline]
+    pub(crate) fn has_expired(&self, now_ns: u64) -> bool {
+        now_ns >= self.next_deadline_ns.load(Ordering::Acquire)
+    }
+
+    /// The hot path: one compare-and-swap when tokens are there, one or two loads when they are not.
+    #[inline]
+    pub(crate) fn try_take(&self, cost: u64, now_ns: u64) -> Local {
+        let mut current = self.available.load(Ordering::Acquire);
+        while current >= cost {
+            match self.available.compare_exchange_weak(
+                current,
+                current - cost,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Local::Taken {
+                        remaining: current - cost,
+                    }
+                }
+                Err(actual) => current = actual,
+            }
+        }
+        let until = self.exhausted_until_ns.load(Ordering::Acquire);
+        if now_ns < until {
+            let never = self.exhausted_never.load(Ordering::Relaxed);
+            let retry_after_ns = if never { NEVER_NS } else { until - now_ns };
+            return Local::Exhausted { retry_after_ns };
+        }
+        if now_ns < self.failing_until_ns.load(Ordering::Acquire) {
+            return Local::Failing;
+        }
+        Local::Empty
+    }
+
+    /// Whether the remaining tokens call for a background lease.
+    #[inline]
+    pub(crate) fn below_watermark(&self, remaining: u64) -> bool {
+        remaining < self.low_watermark.load(Ordering::Relaxed)
+    }
+
+    /// Marks that demand outran the local tokens.
+    pub(crate) fn mark_starved(&self) {
+        self.starved.store(true, Ordering::Relaxed);
+    }
+
+    /// Claims the single lease slot of this key; `false` when a lease is already in flight.
+    pub(crate) fn claim_lease(&self) -> bool {
+        !self.in_flight.load(Ordering::Acquire)
+            && self
+                .in_flight
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// Releases the lease slot and wakes the waiters.
+    pub(crate) fn finish_lease(&self) {
+        self.in_flight.store(false, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether a lease is in flight.
+    pub(crate) fn lease_in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Nanoseconds until the shared bucket is full again (0 when unknown or already).
+    pub(crate) fn reset_after_ns(&self, now_ns: u64) -> u64 {
+        self.full_at_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(now_ns)
+    }
+
+    /// Plans the next lease: sizes the batch from the rate tokens were spent at since the last lease, and
+    /// asks for the whole batch as `min` when the shared bucket is saturated.
+    ///
+    /// `fair_share` caps the batch; `cost` is what the caller needs.
+    pub(crate) fn plan(&self, lease: &Lease, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
+        let mut book = self.lock();
+        let available = self.available.load(Ordering::Acquire);
+        let spent = book.available_after_lease.saturating_sub(available);
+        let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
+        // Tokens per ttl/2 at the observed rate: a batch should be spent well within its TTL.
+        let horizon_ns = u64::try_from(lease.ttl.as_nanos() / 2)
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let observed =
+            u64::try_from(u128::from(spent) * u128::from(horizon_ns) / u128::from(elapsed_ns))
+                .unwrap_or(u64::MAX);
+        let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
+        if self.starved.swap(false, Ordering::Relaxed) {
+            batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
+        }
+        let batch = batch.min(fair_share.max(1)).max(cost);
+        book.batch = batch;
+        book.last_lease_ns = now_ns;
+        self.last_used_ns.store(now_ns, Ordering::Relaxed);
+        self.low_watermark.store(batch / 4, Ordering::Relaxed);
+        let min = if book.saturated { batch } else { cost };
+        LeasePlan { min, max: batch }
+    }
+
+    /// Adds a granted batch that must be spent by `deadline_ns`.
+    ///
+    /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), the
+    /// next lease asks for a whole batch as `min` and is not sent before a batch can have accumulated: until
+    /// then, callers that find no local tokens are refused locally (DESIGN.md §3, invariant 4).
+    pub(crate) fn add(
+        &self,
+        grant: &Reply,
+        deadline_ns: u64,
+        plan: LeasePlan,
+        bucket: &TokenBucket,
+        now_ns: u64,
+    ) {
+        let mut book = self.lock();
+        let available = self.available.load(Ordering::Acquire);
+        Self::attribute(&mut book, available);
+        book.batches.push_back(Batch {
+            tokens: grant.granted,
+            deadline_ns,
+        });
+        book.saturated = grant.granted < plan.max || grant.remaining < plan.max;
+        let total = self.available.fetch_add(grant.granted, Ordering::AcqRel) + grant.granted;
+        book.available_after_lease = total;
+        let mut not_before = 0;
+        if book.saturated && bucket.rate > 0 {
+            let missing = plan.max.saturating_sub(grant.remaining);
+            let wait_ms = (missing.saturating_mul(bucket.per_ms)).div_ceil(bucket.rate);
+            not_before = now_ns.saturating_add(wait_ms.saturating_mul(1_000_000));
+        }
+        self.exhausted_never.store(false, Ordering::Relaxed);
+        self.exhausted_until_ns.store(not_before, Ordering::Release);
+        self.failing_until_ns.store(0, Ordering::Release);
+        let reset_after_ns = u64::try_from(grant.reset_after_ms)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000);
+        self.full_at_ns
+            .store(now_ns.saturating_add(reset_after_ns), Ordering::Relaxed);
+        self.publish_deadline(&book);
+    }
+
+    /// Records a refusal: refuse locally for `retry_after_ns` ([`NEVER_NS`]: re-ask after `recheck_ns`).
+    pub(crate) fn refused(
+        &self,
+        retry_after_ns: u64,
+        recheck_ns: u64,
+        reset_after_ns: u64,
+        now_ns: u64,
+    ) {
+        let mut book = self.lock();
+        book.saturated = true;
+        // "Never" is only cached for a while: tokens given back by another process may still come.
+        let never = retry_after_ns == NEVER_NS;
+        let wait = if never { recheck_ns } else { retry_after_ns };
+        self.exhausted_never.store(never, Ordering::Relaxed);
+        self.exhausted_until_ns
+            .store(now_ns.saturating_add(wait), Ordering::Release);
+        self.full_at_ns
+            .store(now_ns.saturating_add(reset_after_ns), Ordering::Relaxed);
+    }
+
+    /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.
+    pub(crate) fn failed(&self, backoff: Duration, now_ns: u64) {
+        let ns = u64::try_from(backoff.as_nanos()).unwrap_or(u64::MAX);
+        self.failing_until_ns
+            .store(now_ns.saturating_add(ns), Ordering::Release);
+    }
+
+    /// Removes the tokens whose deadline has passed and returns how many, to be given back.
+    pub(crate) fn expire(&self, now_ns: u64) -> u64 {
+        let mut book = self.lock();
+        let mut current = self.available.load(Ordering::Acquire);
+        Self::attribute(&mut book, current);
+        let live: u64 = book
+            .batches
+            .iter()
+            .filter(|b| b.deadline_ns > now_ns)
+            .map(|b| b.tokens)
+            .sum();
+        let expired = loop {
+            let expired = current.saturating_sub(live);
+            if expired == 0 {
+                break 0;
+            }
+            match self.available.compare_exchange(
+                current,
+                current - expired,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break expired,
+                Err(actual) => current = actual,
+            }
+        };
+        book.batches.retain(|b| b.deadline_ns > now_ns);
+        book.available_after_lease = book.available_after_lease.saturating_sub(expired);
+        self.publish_deadline(&book);
+        expired
+    }
+
+    /// Takes every token (shutdown, eviction) and returns how many, to be given back.
+    pub(crate) fn drain(&self) -> u64 {
+        let mut book = self.lock();
+        book.batches.clear();
+        book.available_after_lease = 0;
+        self.next_deadline_ns.store(NEVER_NS, Ordering::Release);
+        self.available.swap(0, Ordering::AcqRel)
+    }
+
+    /// Spending is first-in first-out: the `available` tokens belong to the newest batches.
+    fn attribute(book: &mut Book, available: u64) {
+        let mut left = available;
+        for batch in book.batches.iter_mut().rev() {
+            batch.tokens = batch.tokens.min(left);
+            left -= batch.tokens;
+        }
+        book.batches.retain(|b| b.tokens > 0);
+    }
+
+    fn publish_deadline(&self, book: &Book) {
+        let next = book.batches.front().map_or(NEVER_NS, |b| b.deadline_ns);
+        self.next_deadline_ns.store(next, Ordering::Release);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        // A poisoned book is still consistent: every update leaves it whole before anything can panic.
+        self.book
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease() -> Lease {
+        Lease {
+            min_batch: 10,
+            max_batch: 100,
+            ttl: Duration::from_millis(200),
+        }
+    }
+
+    #[test]
+    fn expiry_gives_back_only_what_older_batches_left() {
+        let b = LocalBucket::new("k".into(), &lease(), 0);
+        let plan = b.plan(&lease(), 1000, 1, 0);
+        let bucket = TokenBucket {
+            capacity: 1000,
+            rate: 1,
+            per_ms: 1000,
+        };
+        let grant = |tokens| Reply {
+            granted: tokens,
+            remaining: 990,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+        };
+        b.add(&grant(10), 200, plan, &bucket, 0);
+        assert_eq!(b.try_take(4, 10), Local::Taken { remaining: 6 });
+        b.add(&grant(10), 300, plan, &bucket, 100);
+        // 16 left: 6 of the first batch, 10 of the second. At 200 the first batch's 6 expire.
+        assert_eq!(b.expire(199), 0);
+        assert_eq!(b.expire(200), 6);
+        assert_eq!(b.available(), 10);
+        assert_eq!(b.try_take(3, 201), Local::Taken { remaining: 7 });
+        assert_eq!(b.expire(300), 7);
+        assert_eq!(b.available(), 0);
+        assert!(!b.has_expired(10_000), "nothing left to expire");
+    }
+
+    #[test]
+    fn a_refusal_is_cached_until_retry_after() {
+        let b = LocalBucket::new("k".into(), &lease(), 0);
+        b.refused(50, 0, 0, 100);
+        assert_eq!(b.try_take(1, 120), Local::Exhausted { retry_after_ns: 30 });
+        assert_eq!(b.try_take(1, 150), Local::Empty);
+    }
+}

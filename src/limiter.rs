@@ -1,0 +1,833 @@
+//! The [`Limiter`]: rules, the store, the lease cache and the fail modes behind one `check`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::algorithm::{Reply, TokenBucket, NEVER};
+use crate::clock::{Clock, MonotonicClock};
+use crate::config::{Config, LocalConfig};
+use crate::error::{Error, StoreError};
+use crate::lease::{Local, LocalBucket, NEVER_NS};
+use crate::rule::{Algorithm, FailMode, Lease, Rule};
+use crate::store::{Call, MemoryStore, RedisStore, Script, Store};
+use crate::telemetry::{self, RuleMetrics, Source};
+
+/// Keys longer than this many bytes are refused with [`Error::InvalidArgument`].
+pub const MAX_KEY_LEN: usize = 512;
+
+/// How long a "never" from the shared bucket is cached locally before asking again.
+const NEVER_RECHECK: Duration = Duration::from_secs(1);
+
+/// The answer to a check. A refusal is a decision, not an error.
+#[must_use = "a decision does nothing unless `allowed` is looked at"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the call may go ahead (its tokens are spent).
+    pub allowed: bool,
+    /// Tokens left: in the shared bucket for decisions made by a store; in this process for decisions made
+    /// from leased tokens (`source == Local`).
+    pub remaining: u64,
+    /// Zero when allowed; otherwise how long until the same call would be allowed. [`Duration::MAX`] when it
+    /// never can (a stock with rate 0).
+    pub retry_after: Duration,
+    /// How long until the key is back to its full allowance ([`Duration::MAX`]: never).
+    pub reset_after: Duration,
+    /// Where the decision was made.
+    pub source: Source,
+}
+
+impl Decision {
+    fn from_reply(reply: &Reply, cost: u64, source: Source) -> Self {
+        Self {
+            allowed: reply.granted >= cost,
+            remaining: reply.remaining,
+            retry_after: protocol_ms(reply.retry_after_ms),
+            reset_after: protocol_ms(reply.reset_after_ms),
+            source,
+        }
+    }
+}
+
+/// The protocol's milliseconds (−1 = never) as a duration.
+fn protocol_ms(v: i64) -> Duration {
+    if v == NEVER {
+        Duration::MAX
+    } else {
+        Duration::from_millis(u64::try_from(v).unwrap_or(0))
+    }
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn ms_to_ns(v: i64) -> u64 {
+    if v == NEVER {
+        NEVER_NS
+    } else {
+        u64::try_from(v).unwrap_or(0).saturating_mul(1_000_000)
+    }
+}
+
+/// Counters of one limiter, in calls and tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimiterStats {
+    /// Store calls: leases, returns and direct checks.
+    pub store_calls: u64,
+    /// Tokens leased from the shared buckets.
+    pub leased_tokens: u64,
+    /// Leased tokens given back unused.
+    pub returned_tokens: u64,
+}
+
+/// A rule as the limiter runs it.
+#[derive(Debug)]
+struct Compiled {
+    rule: Rule,
+    fail_mode: FailMode,
+    metrics: RuleMetrics,
+    /// Leased tokens per key (rules with a lease only).
+    local: DashMap<String, Arc<LocalBucket>>,
+    /// Its share for `fail_mode = "local"` (capacity and rate divided by the expected processes).
+    share: Option<TokenBucket>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    rules: ArcSwap<HashMap<String, Arc<Compiled>>>,
+    store: Arc<dyn Store>,
+    /// State of `fail_mode = "local"` while the store fails.
+    fallback: MemoryStore,
+    clock: Arc<dyn Clock>,
+    key_prefix: String,
+    expected_processes: u64,
+    /// How long a caller waits for a lease in flight before deciding by `fail_mode`.
+    lease_wait: Duration,
+    /// The timeout of a lease call itself.
+    lease_timeout: Duration,
+    /// After a failed store call, decide by `fail_mode` this long before asking again.
+    backoff: Duration,
+    local_config: LocalConfig,
+    store_calls: AtomicU64,
+    leased_tokens: AtomicU64,
+    returned_tokens: AtomicU64,
+    closed: AtomicBool,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+/// A distributed rate limiter: rules from config or code, decided by a [`Store`] (Redis or in process), with
+/// hot keys decided in process from leased tokens. Cheap to clone; clones share everything.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tokenlease::Error> {
+/// use std::time::Duration;
+/// use tokenlease::{Lease, Limiter, Rule};
+///
+/// let rule = Rule::token_bucket("sku_buy", 2000, 1000, Duration::from_secs(1))?
+///     .with_lease(Lease { min_batch: 10, max_batch: 500, ttl: Duration::from_millis(200) })?;
+/// let limiter = Limiter::builder().rule(rule).build()?; // no store given: the in-process store
+/// let decision = limiter.check("sku_buy", "sku:42", 1).await?;
+/// assert!(decision.allowed);
+/// limiter.shutdown().await; // gives leased tokens back
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+/// Builds a [`Limiter`] in code.
+#[derive(Debug, Default)]
+pub struct LimiterBuilder {
+    rules: Vec<Rule>,
+    store: Option<Arc<dyn Store>>,
+    clock: Option<Arc<dyn Clock>>,
+    fail_mode: FailMode,
+    key_prefix: Option<String>,
+    expected_processes: Option<u32>,
+    timeout: Option<Duration>,
+    local: LocalConfig,
+}
+
+impl LimiterBuilder {
+    /// Adds a rule.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Adds rules.
+    pub fn rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+
+    /// The store (default: a [`MemoryStore`] on the builder's clock).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The clock of lease deadlines and local refusals (default: the monotonic clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// What to do when the store fails, for rules that do not say (default `local`).
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// Prefix of every store key (default `tl`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Processes sharing the limits (default 4): caps lease batches at `capacity / n` and sets each process's
+    /// share under `fail_mode = "local"`.
+    pub fn expected_processes(mut self, n: u32) -> Self {
+        self.expected_processes = Some(n);
+        self
+    }
+
+    /// The store's call timeout, which bounds how long a caller waits on a lease (default 50 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Settings of the local lease cache.
+    pub fn local(mut self, local: LocalConfig) -> Self {
+        self.local = local;
+        self
+    }
+
+    /// Builds the limiter and, inside a tokio runtime, starts its background sweeper (lease expiry, idle
+    /// eviction), which stops when the limiter is shut down or dropped.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for duplicate rule names, an empty or braced key prefix, or zero expected
+    /// processes.
+    pub fn build(self) -> Result<Limiter, Error> {
+        let clock = self
+            .clock
+            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let store = self
+            .store
+            .unwrap_or_else(|| Arc::new(MemoryStore::with_clock(clock.clone())));
+        let key_prefix = self.key_prefix.unwrap_or_else(|| "tl".into());
+        if key_prefix.is_empty() || key_prefix.contains(['{', '}']) {
+            return Err(Error::InvalidArgument {
+                name: "key_prefix",
+                reason: "must be non-empty, without braces".into(),
+            });
+        }
+        let expected_processes = u64::from(self.expected_processes.unwrap_or(4));
+        if expected_processes == 0 {
+            return Err(Error::InvalidArgument {
+                name: "expected_processes",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let timeout = self.timeout.unwrap_or(Duration::from_millis(50));
+        let mut rules = HashMap::new();
+        for rule in self.rules {
+            if rules.contains_key(&rule.name) {
+                return Err(Error::InvalidArgument {
+                    name: "rule",
+                    reason: format!("duplicate rule name `{}`", rule.name),
+                });
+            }
+            let compiled = compile(rule, self.fail_mode, expected_processes);
+            rules.insert(compiled.rule.name.clone(), Arc::new(compiled));
+        }
+        let inner = Arc::new(Inner {
+            rules: ArcSwap::from_pointee(rules),
+            store,
+            fallback: MemoryStore::with_clock(clock.clone()),
+            clock,
+            key_prefix,
+            expected_processes,
+            lease_wait: timeout.saturating_mul(2) + Duration::from_millis(5),
+            lease_timeout: timeout.saturating_mul(10).max(Duration::from_millis(100)),
+            backoff: Duration::from_millis(100).max(timeout),
+            local_config: self.local,
+            store_calls: AtomicU64::new(0),
+            leased_tokens: AtomicU64::new(0),
+            returned_tokens: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            tracker: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+        });
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(sweeper(
+                Arc::downgrade(&inner),
+                inner.cancel.clone(),
+                sweep_interval(&inner),
+            ));
+        }
+        Ok(Limiter { inner })
+    }
+}
+
+fn compile(rule: Rule, default_mode: FailMode, processes: u64) -> Compiled {
+    let share = match &rule.algorithm {
+        // Each process alone enforces 1/n of the capacity and of the rate (rate per n × per, exactly).
+        Algorithm::TokenBucket { bucket, .. } => Some(TokenBucket {
+            capacity: (bucket.capacity / processes).max(1),
+            rate: bucket.rate,
+            per_ms: bucket.per_ms.saturating_mul(processes),
+        }),
+        _ => None,
+    };
+    Compiled {
+        fail_mode: rule.fail_mode.unwrap_or(default_mode),
+        metrics: RuleMetrics::new(&rule.name),
+        local: DashMap::new(),
+        share,
+        rule,
+    }
+}
+
+fn sweep_interval(inner: &Inner) -> Duration {
+    let rules = inner.rules.load();
+    let shortest = rules
+        .values()
+        .filter_map(|c| c.rule.lease())
+        .map(|l| l.ttl / 4)
+        .min();
+    shortest
+        .unwrap_or(Duration::from_secs(1))
+        .clamp(Duration::from_millis(5), Duration::from_secs(1))
+}
+
+/// Gives expired leases back and evicts idle keys, every `interval`, until cancelled or the limiter is gone.
+async fn sweeper(inner: Weak<Inner>, cancel: CancellationToken, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let limiter = Limiter { inner };
+        limiter.sweep();
+    }
+}
+
+impl Limiter {
+    /// A builder for limiters made in code.
+    pub fn builder() -> LimiterBuilder {
+        LimiterBuilder::default()
+    }
+
+    /// A limiter from a validated [`Config`]: a [`RedisStore`] when `[redis]` is set (connected lazily, so
+    /// Redis may be down at start), the in-process store otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when called outside a tokio runtime with `[redis]` set, or the Redis URL is
+    /// malformed; see also [`LimiterBuilder::build`].
+    pub fn from_config(config: Config) -> Result<Self, Error> {
+        let mut builder = Self::builder()
+            .rules(config.rules)
+            .fail_mode(config.fail_mode)
+            .local(config.local);
+        if let Some(redis) = config.redis {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Err(Error::InvalidArgument {
+                    name: "runtime",
+                    reason: "a Redis store needs a tokio runtime".into(),
+                });
+            }
+            let store = RedisStore::connect(&redis.url, redis.timeout)?;
+            builder = builder
+                .store(Arc::new(store))
+                .key_prefix(redis.key_prefix)
+                .expected_processes(redis.expected_processes)
+                .timeout(redis.timeout);
+        }
+        builder.build()
+    }
+
+    /// Takes `cost` tokens of `key` under `rule`.
+    ///
+    /// A leasing rule answers from this process's leased tokens when it has them (tens of nanoseconds), from
+    /// its cached "exhausted until" when the shared bucket is empty, and otherwise waits for the key's single
+    /// lease in flight. Other rules run one store call. When the store fails, the rule's `fail_mode` decides
+    /// (`source == Fallback`).
+    ///
+    /// # Errors
+    /// [`Error::UnknownRule`]; [`Error::InvalidArgument`] for an empty key, a key over [`MAX_KEY_LEN`] bytes or
+    /// a zero cost; [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
+    /// [`Limiter::shutdown`].
+    pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        let compiled = self.compiled(rule)?;
+        self.validate(&compiled, key, cost)?;
+        let decision = match &compiled.rule.algorithm {
+            Algorithm::TokenBucket {
+                lease: Some(lease), ..
+            } => self.check_leased(&compiled, lease, key, cost).await,
+            _ => self.check_store(&compiled, key, cost).await?,
+        };
+        compiled.metrics.decision(decision.allowed, decision.source);
+        Ok(decision)
+    }
+
+    fn compiled(&self, rule: &str) -> Result<Arc<Compiled>, Error> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        self.inner
+            .rules
+            .load()
+            .get(rule)
+            .cloned()
+            .ok_or_else(|| Error::UnknownRule(rule.to_owned()))
+    }
+
+    fn validate(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<(), Error> {
+        if key.is_empty() {
+            return Err(Error::InvalidArgument {
+                name: "key",
+                reason: "must not be empty".into(),
+            });
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(Error::InvalidArgument {
+                name: "key",
+                reason: format!(
+                    "is {} bytes, more than the {MAX_KEY_LEN} allowed",
+                    key.len()
+                ),
+            });
+        }
+        if cost == 0 {
+            return Err(Error::InvalidArgument {
+                name: "cost",
+                reason: "must be at least 1 token".into(),
+            });
+        }
+        let capacity = compiled.rule.algorithm.capacity();
+        if cost > capacity {
+            return Err(Error::CostAboveCapacity {
+                rule: compiled.rule.name.clone(),
+                cost,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one
+    /// user in one Redis Cluster slot.
+    pub fn store_key(&self, rule: &str, key: &str) -> String {
+        format!("{}:{{{rule}:{key}}}", self.inner.key_prefix)
+    }
+
+    /// Store calls made so far by this limiter (leases, returns and direct checks).
+    pub fn store_calls(&self) -> u64 {
+        self.inner.store_calls.load(Ordering::Relaxed)
+    }
+
+    /// Counters of this limiter since it was built (also exported as metrics).
+    pub fn stats(&self) -> LimiterStats {
+        LimiterStats {
+            store_calls: self.inner.store_calls.load(Ordering::Relaxed),
+            leased_tokens: self.inner.leased_tokens.load(Ordering::Relaxed),
+            returned_tokens: self.inner.returned_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The store's `source` label.
+    pub fn store_source(&self) -> Source {
+        self.inner.store.source()
+    }
+
+    /// Keys held in the local lease cache.
+    pub fn local_keys(&self) -> usize {
+        self.inner
+            .rules
+            .load()
+            .values()
+            .map(|c| c.local.len())
+            .sum()
+    }
+
+    /// Whether the store answers now.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.store.ping().await
+    }
+
+    async fn run(&self, call: &Call) -> Result<Reply, StoreError> {
+        self.inner.store_calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.store.run(call).await
+    }
+
+    async fn check_store(
+        &self,
+        compiled: &Compiled,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let store_key = self.store_key(&compiled.rule.name, key);
+        let call = match &compiled.rule.algorithm {
+            Algorithm::TokenBucket { bucket, .. } => {
+                token_bucket_call(&store_key, bucket, cost, cost)
+            }
+            other => {
+                return Err(Error::InvalidArgument {
+                    name: "rule",
+                    reason: format!(
+                        "algorithm {} is not available in this version",
+                        other.name()
+                    ),
+                })
+            }
+        };
+        match self.run(&call).await {
+            Ok(reply) => Ok(Decision::from_reply(
+                &reply,
+                cost,
+                self.inner.store.source(),
+            )),
+            Err(e) => Ok(self.fallback(compiled, &store_key, cost, &e)),
+        }
+    }
+
+    /// Decides by the rule's `fail_mode` after a store failure.
+    fn fallback(
+        &self,
+        compiled: &Compiled,
+        store_key: &str,
+        cost: u64,
+        error: &StoreError,
+    ) -> Decision {
+        tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
+        let decision = |allowed: bool, retry_after: Duration| Decision {
+            allowed,
+            remaining: 0,
+            retry_after,
+            reset_after: Duration::ZERO,
+            source: Source::Fallback,
+        };
+        match (compiled.fail_mode, &compiled.share) {
+            (FailMode::Open, _) => decision(true, Duration::ZERO),
+            (FailMode::Local, Some(share)) if cost <= share.capacity => {
+                let call = token_bucket_call(store_key, share, cost, cost);
+                match self.inner.fallback.run_sync(&call) {
+                    Ok(reply) => Decision::from_reply(&reply, cost, Source::Fallback),
+                    Err(_) => decision(false, self.inner.backoff),
+                }
+            }
+            (FailMode::Closed | FailMode::Local, _) => decision(false, self.inner.backoff),
+        }
+    }
+
+    async fn check_leased(
+        &self,
+        compiled: &Arc<Compiled>,
+        lease: &Lease,
+        key: &str,
+        cost: u64,
+    ) -> Decision {
+        let local = match compiled.local.get(key) {
+            Some(b) => b.clone(),
+            None => {
+                let now = self.inner.clock.now_ns();
+                let store_key = self.store_key(&compiled.rule.name, key);
+                compiled
+                    .local
+                    .entry(key.to_owned())
+                    .or_insert_with(|| Arc::new(LocalBucket::new(store_key, lease, now)))
+                    .clone()
+            }
+        };
+        let clock = &self.inner.clock;
+        let give_up_at = clock.now_ns().saturating_add(ns(self.inner.lease_wait));
+        loop {
+            let now = clock.now_ns();
+            if local.has_expired(now) {
+                self.expire(compiled, &local, now);
+            }
+            match local.try_take(cost, now) {
+                Local::Taken { remaining } => {
+                    if local.below_watermark(remaining) {
+                        self.start_lease(compiled, &local, 1);
+                    }
+                    return Decision {
+                        allowed: true,
+                        remaining,
+                        retry_after: Duration::ZERO,
+                        reset_after: Duration::from_nanos(local.reset_after_ns(now)),
+                        source: Source::Local,
+                    };
+                }
+                Local::Exhausted { retry_after_ns } => {
+                    return Decision {
+                        allowed: false,
+                        remaining: local.available(),
+                        retry_after: if retry_after_ns == NEVER_NS {
+                            Duration::MAX
+                        } else {
+                            Duration::from_nanos(retry_after_ns)
+                        },
+                        reset_after: Duration::from_nanos(local.reset_after_ns(now)),
+                        source: Source::Local,
+                    };
+                }
+                Local::Failing => {
+                    let error = StoreError::timeout("token_bucket", self.inner.lease_wait);
+                    return self.fallback(compiled, &local.store_key, cost, &error);
+                }
+                Local::Empty => {}
+            }
+            if now >= give_up_at {
+                // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
+                return Decision {
+                    allowed: false,
+                    remaining: 0,
+                    retry_after: Duration::from_millis(1),
+                    reset_after: Duration::from_nanos(local.reset_after_ns(now)),
+                    source: Source::Local,
+                };
+            }
+            local.mark_starved();
+            let notified = local.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if local.available() >= cost {
+                continue;
+            }
+            if !local.lease_in_flight() && !self.start_lease(compiled, &local, cost) {
+                continue;
+            }
+            let wait = Duration::from_nanos(give_up_at.saturating_sub(now));
+            if tokio::time::timeout(wait, notified).await.is_err() {
+                // The store is slow: the next callers decide by fail_mode at once while the lease goes on.
+                local.failed(self.inner.backoff, clock.now_ns());
+                let error = StoreError::timeout("token_bucket", self.inner.lease_wait);
+                return self.fallback(compiled, &local.store_key, cost, &error);
+            }
+        }
+    }
+
+    /// Starts the key's lease in the background unless one is in flight; `false` when none could be started
+    /// (one is in flight, or the limiter is closing).
+    fn start_lease(&self, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, cost: u64) -> bool {
+        if !local.claim_lease() {
+            return false;
+        }
+        let this = self.clone();
+        let (compiled, local) = (compiled.clone(), local.clone());
+        // A spawned task, so that a caller dropping its future never strands tokens granted mid-call.
+        self.inner
+            .tracker
+            .spawn(async move { this.lease(&compiled, &local, cost).await });
+        true
+    }
+
+    async fn lease(&self, compiled: &Compiled, local: &LocalBucket, cost: u64) {
+        let Algorithm::TokenBucket {
+            bucket,
+            lease: Some(lease),
+        } = &compiled.rule.algorithm
+        else {
+            local.finish_lease();
+            return;
+        };
+        let clock = &self.inner.clock;
+        let sent = clock.now_ns();
+        // At most half of this process's share of the burst at once, so the others get theirs.
+        let fair_share = bucket.capacity / (2 * self.inner.expected_processes);
+        let plan = local.plan(lease, fair_share, cost, sent);
+        let mut call = token_bucket_call(&local.store_key, bucket, plan.min, plan.max);
+        // Callers wait at most `lease_wait`, but the lease itself waits longer for its reply: a lease that
+        // timed out after Redis granted it would strand its tokens.
+        call.timeout = Some(self.inner.lease_timeout);
+        let result = self.run(&call).await;
+        let now = clock.now_ns();
+        tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, "lease");
+        let m = &compiled.metrics;
+        match result {
+            Ok(reply) if reply.granted > 0 => {
+                if reply.granted < plan.max {
+                    m.lease_partial.increment(1);
+                } else {
+                    m.lease_granted.increment(1);
+                }
+                m.leased_tokens.increment(reply.granted);
+                self.inner
+                    .leased_tokens
+                    .fetch_add(reply.granted, Ordering::Relaxed);
+                // The deadline counts from when the lease was sent: never later than the grant.
+                let deadline = sent.saturating_add(ns(lease.ttl));
+                local.add(&reply, deadline, plan, bucket, now);
+            }
+            Ok(reply) => {
+                m.lease_refused.increment(1);
+                local.refused(
+                    ms_to_ns(reply.retry_after_ms),
+                    ns(NEVER_RECHECK),
+                    ms_to_ns(reply.reset_after_ms),
+                    now,
+                );
+            }
+            Err(error) => {
+                m.lease_error.increment(1);
+                tracing::debug!(rule = %compiled.rule.name, %error, "lease failed");
+                local.failed(self.inner.backoff, now);
+            }
+        }
+        local.finish_lease();
+    }
+
+    /// Expires the key's overdue tokens and gives them back in the background.
+    fn expire(&self, compiled: &Arc<Compiled>, local: &LocalBucket, now: u64) {
+        let n = local.expire(now);
+        if n > 0 {
+            let this = self.clone();
+            let compiled = compiled.clone();
+            let key = local.store_key.clone();
+            self.inner
+                .tracker
+                .spawn(async move { this.give_back(&compiled, &key, n).await });
+        }
+    }
+
+    /// Gives `n` unused tokens back to the shared bucket (capped at its capacity by the script).
+    async fn give_back(&self, compiled: &Compiled, store_key: &str, n: u64) {
+        let Algorithm::TokenBucket { bucket, .. } = &compiled.rule.algorithm else {
+            return;
+        };
+        let args = vec![
+            as_arg(bucket.capacity),
+            as_arg(bucket.rate),
+            as_arg(bucket.per_ms),
+            as_arg(n),
+        ];
+        let call = Call::new(Script::TokenReturn, vec![store_key.to_owned()], args);
+        match self.run(&call).await {
+            Ok(_) => {
+                compiled.metrics.returned_tokens.increment(n);
+                self.inner.returned_tokens.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(error) => {
+                tracing::debug!(rule = %compiled.rule.name, %error, tokens = n, "return failed; tokens lost")
+            }
+        }
+    }
+
+    /// One pass of the sweeper: expire overdue leases, evict idle keys, update the gauges.
+    fn sweep(&self) {
+        let now = self.inner.clock.now_ns();
+        let idle_ns = ns(self.inner.local_config.idle_ttl);
+        let rules = self.inner.rules.load();
+        let mut keys = 0;
+        for compiled in rules.values() {
+            if compiled.rule.lease().is_none() {
+                continue;
+            }
+            let mut outstanding = 0;
+            for entry in compiled.local.iter() {
+                if entry.has_expired(now) {
+                    self.expire(compiled, entry.value(), now);
+                }
+                outstanding += entry.available();
+            }
+            compiled.local.retain(|_, b| {
+                let idle = now.saturating_sub(b.last_used_ns.load(Ordering::Relaxed)) >= idle_ns;
+                !(idle && b.available() == 0 && !b.lease_in_flight())
+            });
+            let over = compiled
+                .local
+                .len()
+                .saturating_sub(self.inner.local_config.max_local_keys);
+            if over > 0 {
+                self.evict_idlest(compiled, over);
+            }
+            keys += compiled.local.len();
+            compiled.metrics.outstanding.set(outstanding as f64);
+        }
+        telemetry::local_keys(keys);
+    }
+
+    /// Evicts the `n` least recently leased keys of a rule, giving their tokens back.
+    fn evict_idlest(&self, compiled: &Arc<Compiled>, n: usize) {
+        let mut ages: Vec<(u64, String)> = compiled
+            .local
+            .iter()
+            .map(|e| (e.last_used_ns.load(Ordering::Relaxed), e.key().clone()))
+            .collect();
+        ages.sort_unstable();
+        for (_, key) in ages.into_iter().take(n) {
+            if let Some((_, local)) = compiled.local.remove(&key) {
+                let tokens = local.drain();
+                if tokens > 0 {
+                    let this = self.clone();
+                    let compiled = compiled.clone();
+                    self.inner.tracker.spawn(async move {
+                        this.give_back(&compiled, &local.store_key, tokens).await
+                    });
+                }
+            }
+        }
+    }
+
+    /// Stops the limiter: later calls get [`Error::ShutDown`]; leases in flight finish; every leased token not
+    /// spent is given back to the shared bucket before this returns.
+    pub async fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.cancel.cancel();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+        let rules = self.inner.rules.load();
+        let mut returns = tokio::task::JoinSet::new();
+        for compiled in rules.values() {
+            for entry in compiled.local.iter() {
+                let tokens = entry.drain();
+                if tokens > 0 {
+                    let this = self.clone();
+                    let compiled = compiled.clone();
+                    let key = entry.store_key.clone();
+                    returns.spawn(async move { this.give_back(&compiled, &key, tokens).await });
+                }
+            }
+            compiled.local.clear();
+        }
+        while returns.join_next().await.is_some() {}
+    }
+}
+
+fn as_arg(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn token_bucket_call(store_key: &str, b: &TokenBucket, min: u64, max: u64) -> Call {
+    Call::new(
+        Script::TokenBucket,
+        vec![store_key.to_owned()],
+        vec![
+            as_arg(b.capacity),
+            as_arg(b.rate),
+            as_arg(b.per_ms),
+            as_arg(min),
+            as_arg(max),
+        ],
+    )
+}

@@ -1,0 +1,160 @@
+//! Metric names (DESIGN.md §6) and the handles the limiter records into.
+//!
+//! The library only records, through the `metrics` facade; the binary installs the Prometheus exporter.
+//! With no recorder installed a metric costs one atomic load. Handles are registered when a rule is built:
+//! install the recorder before building the [`crate::Limiter`]. Labels carry the rule name, never a key.
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, SharedString, Unit};
+
+/// Decisions, by `rule`, `outcome` (`allowed`/`rejected`) and `source` (`local`/`redis`/`memory`/`fallback`).
+pub const DECISIONS_TOTAL: &str = "tokenlease_decisions_total";
+/// Lease calls to the store, by `rule` and `result` (`granted`/`partial`/`refused`/`error`).
+pub const LEASES_TOTAL: &str = "tokenlease_leases_total";
+/// Tokens leased from the store, by `rule`.
+pub const LEASED_TOKENS_TOTAL: &str = "tokenlease_leased_tokens_total";
+/// Leased tokens given back unused, by `rule`.
+pub const RETURNED_TOKENS_TOTAL: &str = "tokenlease_returned_tokens_total";
+/// Tokens leased and not yet spent or returned, by `rule`.
+pub const OUTSTANDING_TOKENS: &str = "tokenlease_outstanding_tokens";
+/// Store call latency in seconds, by `script`.
+pub const REDIS_DURATION_SECONDS: &str = "tokenlease_redis_duration_seconds";
+/// Store call failures, by `script` and `kind` (`timeout`/`io`/`noscript`/`cluster`/`other`).
+pub const REDIS_ERRORS_TOTAL: &str = "tokenlease_redis_errors_total";
+/// Keys held in the local lease cache.
+pub const LOCAL_KEYS: &str = "tokenlease_local_keys";
+/// Callers waiting in a queue, by `rule`.
+pub const QUEUE_DEPTH: &str = "tokenlease_queue_depth";
+/// Time callers waited in a queue, in seconds, by `rule`.
+pub const QUEUE_WAIT_SECONDS: &str = "tokenlease_queue_wait_seconds";
+
+/// Histogram buckets for Redis latency: 50 µs to 100 ms.
+pub const REDIS_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+];
+
+/// Registers help texts and units with the installed recorder.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        DECISIONS_TOTAL,
+        "Rate-limit decisions by rule, outcome and where they were made"
+    );
+    describe_counter!(
+        LEASES_TOTAL,
+        "Lease calls to the shared bucket by rule and result"
+    );
+    describe_counter!(LEASED_TOKENS_TOTAL, "Tokens leased from the shared bucket");
+    describe_counter!(RETURNED_TOKENS_TOTAL, "Leased tokens given back unused");
+    describe_gauge!(
+        OUTSTANDING_TOKENS,
+        "Tokens leased and not yet spent or returned"
+    );
+    describe_histogram!(
+        REDIS_DURATION_SECONDS,
+        Unit::Seconds,
+        "Store script call latency"
+    );
+    describe_counter!(REDIS_ERRORS_TOTAL, "Failed store script calls by kind");
+    describe_gauge!(LOCAL_KEYS, "Keys held in the local lease cache");
+    describe_gauge!(QUEUE_DEPTH, "Callers waiting in a queue");
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time callers waited in a queue"
+    );
+}
+
+/// Where a decision was made: the `source` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// From tokens leased into this process.
+    Local,
+    /// By a script in Redis.
+    Redis,
+    /// By the in-process store.
+    Memory,
+    /// By the rule's `fail_mode` while the store failed.
+    Fallback,
+}
+
+impl Source {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Redis => "redis",
+            Self::Memory => "memory",
+            Self::Fallback => "fallback",
+        }
+    }
+
+    const ALL: [Source; 4] = [Self::Local, Self::Redis, Self::Memory, Self::Fallback];
+}
+
+/// Handles for one rule, registered once so the hot path does no label lookup.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleMetrics {
+    allowed: [Counter; 4],
+    rejected: [Counter; 4],
+    pub(crate) lease_granted: Counter,
+    pub(crate) lease_partial: Counter,
+    pub(crate) lease_refused: Counter,
+    pub(crate) lease_error: Counter,
+    pub(crate) leased_tokens: Counter,
+    pub(crate) returned_tokens: Counter,
+    pub(crate) outstanding: Gauge,
+}
+
+impl RuleMetrics {
+    pub(crate) fn new(rule: &str) -> Self {
+        let rule = SharedString::from(rule.to_owned());
+        let decision = |outcome: &'static str, s: Source| counter!(DECISIONS_TOTAL, "rule" => rule.clone(), "outcome" => outcome, "source" => s.as_str());
+        let lease = |result: &'static str| counter!(LEASES_TOTAL, "rule" => rule.clone(), "result" => result);
+        Self {
+            allowed: Source::ALL.map(|s| decision("allowed", s)),
+            rejected: Source::ALL.map(|s| decision("rejected", s)),
+            lease_granted: lease("granted"),
+            lease_partial: lease("partial"),
+            lease_refused: lease("refused"),
+            lease_error: lease("error"),
+            leased_tokens: counter!(LEASED_TOKENS_TOTAL, "rule" => rule.clone()),
+            returned_tokens: counter!(RETURNED_TOKENS_TOTAL, "rule" => rule.clone()),
+            outstanding: gauge!(OUTSTANDING_TOKENS, "rule" => rule),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn decision(&self, allowed: bool, source: Source) {
+        let i = source as usize;
+        if allowed {
+            self.allowed[i].increment(1);
+        } else {
+            self.rejected[i].increment(1);
+        }
+    }
+}
+
+/// Handles for one script.
+#[derive(Debug, Clone)]
+pub(crate) struct ScriptMetrics {
+    pub(crate) duration: Histogram,
+    script: &'static str,
+}
+
+impl ScriptMetrics {
+    pub(crate) fn new(script: &'static str) -> Self {
+        Self {
+            duration: histogram!(REDIS_DURATION_SECONDS, "script" => script),
+            script,
+        }
+    }
+
+    pub(crate) fn error(&self, kind: crate::error::StoreErrorKind) {
+        counter!(REDIS_ERRORS_TOTAL, "script" => self.script, "kind" => kind.as_str()).increment(1);
+    }
+}
+
+/// Sets the number of keys in the local lease cache.
+pub(crate) fn local_keys(n: usize) {
+    gauge!(LOCAL_KEYS).set(n as f64);
+}

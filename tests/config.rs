@@ -1,0 +1,122 @@
+//! config.toml: the shipped file is valid; each bad file gives an error naming its field and line.
+
+use std::time::Duration;
+
+use tokenlease::{Algorithm, Config, FailMode};
+
+#[test]
+fn the_shipped_config_is_valid() {
+    let config = Config::from_path(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
+        .expect("config.toml");
+    let redis = config.redis.as_ref().expect("[redis]");
+    assert_eq!(redis.timeout, Duration::from_millis(5));
+    assert_eq!(config.fail_mode, FailMode::Local);
+    let names: Vec<_> = config.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["sku_buy", "like", "upload", "reindex"]);
+    let sku = config.rule("sku_buy").expect("sku_buy");
+    assert_eq!(sku.fail_mode, Some(FailMode::Closed));
+    let lease = sku.lease().expect("lease");
+    assert_eq!(
+        (lease.min_batch, lease.max_batch, lease.ttl),
+        (10, 500, Duration::from_millis(200))
+    );
+    match &config.rule("upload").expect("upload").algorithm {
+        Algorithm::FixedWindow {
+            limit,
+            window_ms,
+            align_ms,
+            ban_ms,
+        } => {
+            assert_eq!(
+                (*limit, *window_ms, *align_ms, *ban_ms),
+                (100, 86_400_000, Some(28_800_000), 0)
+            );
+        }
+        other => panic!("upload is {other:?}"),
+    }
+}
+
+/// (file, what the error must say).
+const BAD: &[(&str, &[&str])] = &[
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nburst = 5\n", &["unknown field `burst`", ":7"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrate = 1\nper = \"1s\"\n", &["rule \"a\"", "`capacity`", ":1", "at least 1"]),
+    ("\n\n[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"soon\"\n", &["per", ":8"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nlease = { min_batch = 5, max_batch = 50, ttl = \"1s\" }\n", &["`lease.max_batch`", "capacity"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nlease = { min_batch = 0, max_batch = 5, ttl = \"1s\" }\n", &["`lease.min_batch`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nlease = { min_batch = 1, max_batch = 5, ttl = \"0s\" }\n", &["`lease.ttl`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\nrate = 1\nper = \"1s\"\n", &["`capacity`", "required"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nwindow = \"1s\"\n", &["`window`", "not used by algorithm token_bucket"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"gcra\"\n", &["unknown variant `gcra`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = -3\nrate = 1\nper = \"1s\"\n", &["capacity", ":4"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\nreset = \"midnight\"\nutc_offset = \"8\"\n", &["`utc_offset`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"90m\"\nreset = \"hour\"\n", &["`window`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1s\"\n[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", ":6", "earlier rule"]),
+    ("[redis]\nurl = \"http://localhost\"\n", &["[redis]", "`url`"]),
+    ("[redis]\nurl = \"redis://127.0.0.1\"\nfail_mode = \"sometimes\"\n", &["sometimes", ":3"]),
+    ("[redis]\nurl = \"redis://127.0.0.1\"\ntimeout = \"0ms\"\n", &["`timeout`"]),
+    ("[redis]\nurl = \"redis://127.0.0.1\"\nkey_prefix = \"a{b\"\n", &["`key_prefix`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10000000000\nrate = 1\nper = \"1d\"\n", &["2^53"]),
+    ("[[rule]]\nname = \"\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 1\nwindow = \"1s\"\nsub_buckets = 7\n", &["`sub_buckets`"]),
+    ("[metrics]\nlisten = \"not an address\"\n", &["listen", ":2"]),
+    ("this is not toml", &["config:1"]),
+];
+
+#[test]
+fn each_bad_file_gives_a_clear_error() {
+    for (text, expected) in BAD {
+        let err = Config::from_toml(text).expect_err(text).to_string();
+        for part in *expected {
+            assert!(
+                err.contains(part),
+                "error for\n{text}\nis `{err}`, missing `{part}`"
+            );
+        }
+    }
+}
+
+#[test]
+fn errors_from_a_file_name_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrate = 1\nper = \"1s\"\n")
+        .expect("write");
+    let err = Config::from_path(&path).expect_err("invalid").to_string();
+    assert!(err.starts_with(&format!("{}:1:", path.display())), "{err}");
+    let missing = Config::from_path(dir.path().join("missing.toml"))
+        .expect_err("missing")
+        .to_string();
+    assert!(
+        missing.contains("missing.toml") && missing.contains("cannot read"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn check_config_command_reports_the_error_and_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[redis]\nurl = \"redis://x\"\ntimeout = \"fast\"\n").expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("timeout") && stderr.contains(":3"),
+        "{stderr}"
+    );
+    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+        .arg("check-config")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
+        .output()
+        .expect("run");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("rule sku_buy: token_bucket"));
+}

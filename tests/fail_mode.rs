@@ -1,0 +1,134 @@
+//! Redis stopped: each fail_mode does what it says, within the timeout, and the limiter recovers by itself.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokenlease::{FailMode, Lease, Limiter, RedisStore, Rule, Source};
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+fn limiter(server: &common::RedisServer) -> Limiter {
+    let rule = |name: &str, mode: FailMode| {
+        Rule::token_bucket(name, 8, 1, Duration::from_secs(3600))
+            .expect("rule")
+            .with_fail_mode(mode)
+    };
+    let leased = Rule::token_bucket("leased_closed", 100, 1, Duration::from_secs(3600))
+        .and_then(|r| {
+            r.with_lease(Lease {
+                min_batch: 1,
+                max_batch: 10,
+                ttl: Duration::from_secs(60),
+            })
+        })
+        .expect("rule")
+        .with_fail_mode(FailMode::Closed);
+    let store = RedisStore::connect(&server.url(), TIMEOUT).expect("store");
+    Limiter::builder()
+        .store(Arc::new(store))
+        .timeout(TIMEOUT)
+        .expected_processes(4)
+        .rule(rule("open", FailMode::Open))
+        .rule(rule("closed", FailMode::Closed))
+        .rule(rule("local", FailMode::Local))
+        .rule(leased)
+        .build()
+        .expect("limiter")
+}
+
+/// Runs a check and asserts it answered within a bound that holds on a loaded machine.
+async fn timed(l: &Limiter, rule: &str, key: &str) -> tokenlease::Decision {
+    let started = Instant::now();
+    let d = l
+        .check(rule, key, 1)
+        .await
+        .expect("a store failure is a decision, not an error");
+    let took = started.elapsed();
+    assert!(took < TIMEOUT * 5, "{rule}: {took:?}");
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_fail_mode_does_what_it_says_and_recovers() {
+    let mut server = common::RedisServer::start();
+    let l = limiter(&server);
+    for rule in ["open", "closed", "local"] {
+        let d = timed(&l, rule, "before").await;
+        assert!(d.allowed && d.source == Source::Redis, "{rule}: {d:?}");
+    }
+    assert_eq!(timed(&l, "leased_closed", "k").await.source, Source::Local);
+
+    server.stop();
+    for _ in 0..20 {
+        let d = timed(&l, "open", "u").await;
+        assert!(d.allowed && d.source == Source::Fallback, "open: {d:?}");
+        let d = timed(&l, "closed", "u").await;
+        assert!(!d.allowed && d.source == Source::Fallback, "closed: {d:?}");
+    }
+    // local: this process alone enforces its share, 8 / 4 expected processes = 2 tokens.
+    let mut allowed = 0;
+    for _ in 0..20 {
+        let d = timed(&l, "local", "u").await;
+        assert_eq!(d.source, Source::Fallback);
+        allowed += u32::from(d.allowed);
+    }
+    assert_eq!(
+        allowed, 2,
+        "the local share of a capacity of 8 over 4 processes"
+    );
+    // A leased key spends what it already holds, then refuses (closed) once a lease fails.
+    let mut leased_allowed = 0;
+    for _ in 0..50 {
+        leased_allowed += u32::from(timed(&l, "leased_closed", "k").await.allowed);
+    }
+    assert!(
+        leased_allowed < 10,
+        "only the tokens already leased: {leased_allowed}"
+    );
+
+    server.restart();
+    // Recovers by itself: the connection manager reconnects; the fallback back-off is 100 ms.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sources = Vec::new();
+    while Instant::now() < deadline {
+        let d = timed(&l, "closed", "after").await;
+        sources.push(d.source);
+        if d.source == Source::Redis {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        sources.last(),
+        Some(&Source::Redis),
+        "never recovered: {sources:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = timed(&l, "leased_closed", "k2").await;
+        if d.allowed {
+            assert_eq!(d.source, Source::Local);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the leased rule never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    l.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_builds_while_redis_is_down() {
+    let mut server = common::RedisServer::start();
+    server.stop();
+    let l = limiter(&server);
+    let d = timed(&l, "closed", "x").await;
+    assert!(!d.allowed && d.source == Source::Fallback);
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while timed(&l, "closed", "x").await.source != Source::Redis {
+        assert!(Instant::now() < deadline, "never connected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

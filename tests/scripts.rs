@@ -1,0 +1,283 @@
+//! The token-bucket scripts replayed with exact `now_ms` sequences, the same table against a real Redis and
+//! against the in-process store (which runs the pure algorithm the scripts mirror).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokenlease::algorithm::Reply;
+use tokenlease::store::{Call, Script};
+use tokenlease::{MemoryStore, RedisStore, Store};
+
+/// `{ granted, remaining, retry_after_ms, reset_after_ms }`.
+fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> Reply {
+    Reply {
+        granted,
+        remaining,
+        retry_after_ms,
+        reset_after_ms,
+    }
+}
+
+fn take(
+    key: &str,
+    (capacity, rate, per_ms): (i64, i64, i64),
+    min: i64,
+    max: i64,
+    now: u64,
+) -> Call {
+    Call::new(
+        Script::TokenBucket,
+        vec![key.into()],
+        vec![capacity, rate, per_ms, min, max],
+    )
+    .at(now)
+}
+
+fn give(key: &str, (capacity, rate, per_ms): (i64, i64, i64), tokens: i64, now: u64) -> Call {
+    Call::new(
+        Script::TokenReturn,
+        vec![key.into()],
+        vec![capacity, rate, per_ms, tokens],
+    )
+    .at(now)
+}
+
+/// Each case: a name and a sequence of (call, expected reply).
+fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
+    let k = |name: &str| format!("{p}:{{t:{name}}}");
+    let nine_per_minute = (9, 9, 60_000);
+    let ten_per_10s = (10, 1, 1_000);
+    vec![
+        (
+            "a token due at a millisecond is granted at it: 9 per minute gives 3 at exactly 20 s",
+            vec![
+                (take(&k("a"), nine_per_minute, 9, 9, 0), r(9, 0, 0, 60_000)),
+                (
+                    take(&k("a"), nine_per_minute, 3, 3, 19_999),
+                    r(0, 2, 1, 40_001),
+                ),
+                (
+                    take(&k("a"), nine_per_minute, 3, 3, 20_000),
+                    r(3, 0, 0, 60_000),
+                ),
+            ],
+        ),
+        (
+            "refill is capped at the capacity",
+            vec![
+                (take(&k("b"), (5, 1, 1_000), 1, 1, 0), r(1, 4, 0, 1_000)),
+                (
+                    take(&k("b"), (5, 1, 1_000), 1, 1, 100_000),
+                    r(1, 4, 0, 1_000),
+                ),
+            ],
+        ),
+        (
+            "partial grants between min and max, then a refusal with retry_after",
+            vec![
+                (take(&k("c"), ten_per_10s, 1, 10, 0), r(10, 0, 0, 10_000)),
+                (take(&k("c"), ten_per_10s, 2, 5, 3_000), r(3, 0, 0, 10_000)),
+                (
+                    take(&k("c"), ten_per_10s, 2, 5, 4_000),
+                    r(0, 1, 1_000, 9_000),
+                ),
+                (take(&k("c"), ten_per_10s, 2, 5, 4_999), r(0, 1, 1, 8_001)),
+                (take(&k("c"), ten_per_10s, 2, 5, 5_000), r(2, 0, 0, 10_000)),
+            ],
+        ),
+        (
+            "min above the capacity can never be granted",
+            vec![(take(&k("d"), ten_per_10s, 11, 11, 0), r(0, 10, -1, 0))],
+        ),
+        (
+            "a return is capped at the capacity; a full bucket equals a missing key",
+            vec![
+                (take(&k("e"), ten_per_10s, 6, 6, 0), r(6, 4, 0, 6_000)),
+                (give(&k("e"), ten_per_10s, 4, 0), r(4, 8, 0, 2_000)),
+                (give(&k("e"), ten_per_10s, 5, 0), r(2, 10, 0, 0)),
+                (take(&k("e"), ten_per_10s, 10, 10, 0), r(10, 0, 0, 10_000)),
+                (give(&k("never-taken"), ten_per_10s, 5, 0), r(0, 10, 0, 0)),
+            ],
+        ),
+        (
+            "fractional rates: 2 tokens per 3 s",
+            vec![
+                (take(&k("f"), (2, 2, 3_000), 2, 2, 0), r(2, 0, 0, 3_000)),
+                (take(&k("f"), (2, 2, 3_000), 1, 1, 1_499), r(0, 0, 1, 1_501)),
+                (take(&k("f"), (2, 2, 3_000), 1, 1, 1_500), r(1, 0, 0, 3_000)),
+                (take(&k("f"), (2, 2, 3_000), 1, 1, 4_500), r(1, 1, 0, 1_500)),
+            ],
+        ),
+        (
+            "rate 0 is a stock that never refills",
+            vec![
+                (take(&k("g"), (3, 0, 1_000), 2, 2, 0), r(2, 1, 0, -1)),
+                (
+                    take(&k("g"), (3, 0, 1_000), 2, 2, 1_000_000_000),
+                    r(0, 1, -1, -1),
+                ),
+                (
+                    take(&k("g"), (3, 0, 1_000), 1, 1, 1_000_000_001),
+                    r(1, 0, 0, -1),
+                ),
+            ],
+        ),
+        (
+            "a clock that steps back does not refill",
+            vec![
+                (
+                    take(&k("h"), ten_per_10s, 10, 10, 50_000),
+                    r(10, 0, 0, 10_000),
+                ),
+                (
+                    take(&k("h"), ten_per_10s, 1, 1, 40_000),
+                    r(0, 0, 1_000, 10_000),
+                ),
+                (take(&k("h"), ten_per_10s, 1, 1, 51_000), r(1, 0, 0, 10_000)),
+            ],
+        ),
+        (
+            "a month per period with a large capacity stays exact",
+            vec![
+                (
+                    take(
+                        &k("i"),
+                        (1_000_000, 1_000_000, 2_592_000_000),
+                        999_999,
+                        999_999,
+                        0,
+                    ),
+                    r(999_999, 1, 0, 2_591_997_408),
+                ),
+                (
+                    take(&k("i"), (1_000_000, 1_000_000, 2_592_000_000), 2, 2, 2_592),
+                    r(2, 0, 0, 2_592_000_000),
+                ),
+            ],
+        ),
+    ]
+}
+
+async fn run_table(store: &dyn Store, prefix: &str) {
+    for (name, steps) in cases(prefix) {
+        for (i, (call, expected)) in steps.iter().enumerate() {
+            let got = store
+                .run(call)
+                .await
+                .unwrap_or_else(|e| panic!("{name}, step {i}: {e}"));
+            assert_eq!(got, *expected, "{name}, step {i}: {call:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn token_bucket_table_on_memory_store() {
+    run_table(&MemoryStore::new(), "tl").await;
+}
+
+#[tokio::test]
+async fn token_bucket_table_on_redis() {
+    let server = common::RedisServer::start();
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
+    run_table(&store, "tl").await;
+}
+
+#[tokio::test]
+async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
+    let server = common::RedisServer::start();
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
+    // Real time: 1 token per 10 s; one taken, the key lives until it would be full again (10 s).
+    let call = Call::new(
+        Script::TokenBucket,
+        vec!["tl:{x:ttl}".into()],
+        vec![5, 1, 10_000, 1, 1],
+    );
+    assert_eq!(store.run(&call).await.expect("take").granted, 1);
+    let pttl: i64 = server
+        .cmd(&["PTTL", "tl:{x:ttl}"])
+        .expect("pttl")
+        .trim()
+        .parse()
+        .expect("int");
+    assert!((9_000..=10_000).contains(&pttl), "pttl {pttl}");
+    // Rate 0: expiring would refill the stock, so the key never expires.
+    let stock = Call::new(
+        Script::TokenBucket,
+        vec!["tl:{x:stock}".into()],
+        vec![5, 0, 1_000, 1, 1],
+    );
+    assert_eq!(store.run(&stock).await.expect("take").granted, 1);
+    assert_eq!(
+        server.cmd(&["PTTL", "tl:{x:stock}"]).expect("pttl").trim(),
+        "-1"
+    );
+}
+
+/// A pseudo-random sequence of takes and returns gives identical replies on both stores.
+#[tokio::test]
+async fn redis_and_memory_agree_on_a_random_sequence() {
+    let server = common::RedisServer::start();
+    let redis = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
+    let memory = MemoryStore::new();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let params = [
+        (7, 3, 1_000),
+        (100, 1, 60_000),
+        (1, 1, 1),
+        (50, 0, 1_000),
+        (1000, 997, 3_001),
+    ];
+    let mut now = 1_700_000_000_000;
+    for i in 0..600 {
+        let (cap, rate, per) = params[usize::try_from(next(5)).expect("idx")];
+        let key = format!("tl:{{r:{cap}:{rate}:{per}}}");
+        now += next(2_000);
+        let call = if next(4) == 0 {
+            give(
+                &key,
+                (cap, rate, per),
+                i64::try_from(next(10)).expect("n"),
+                now,
+            )
+        } else {
+            let min = 1 + i64::try_from(next(u64::try_from(cap).expect("cap"))).expect("min");
+            take(
+                &key,
+                (cap, rate, per),
+                min,
+                min + i64::try_from(next(5)).expect("extra"),
+                now,
+            )
+        };
+        let a = redis.run(&call).await.expect("redis");
+        let b = memory.run(&call).await.expect("memory");
+        assert_eq!(a, b, "step {i}: {call:?}");
+    }
+}
+
+#[tokio::test]
+async fn bad_arguments_are_errors_on_both_stores() {
+    let server = common::RedisServer::start();
+    let redis: Arc<dyn Store> =
+        Arc::new(RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store"));
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    for store in [redis, memory] {
+        for args in [
+            vec![0, 1, 1000, 1, 1],
+            vec![5, 1, 0, 1, 1],
+            vec![5, 1, 1000, 0, 1],
+            vec![5, 1, 1000, 3, 2],
+        ] {
+            let call = Call::new(Script::TokenBucket, vec!["tl:{bad}".into()], args.clone()).at(0);
+            assert!(store.run(&call).await.is_err(), "{args:?} on {store:?}");
+        }
+    }
+}
