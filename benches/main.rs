@@ -135,6 +135,7 @@ fn redis_paths(c: &mut Criterion) {
     let rt = runtime();
     let url = format!("redis://127.0.0.1:{}", server.1);
     let build = |rule: Rule| {
+        let _runtime = rt.enter();
         let store = RedisStore::connect(&url, Duration::from_secs(1)).expect("store");
         rt.block_on(async {
             Limiter::builder()

@@ -90,8 +90,6 @@ pub(crate) enum Local {
     Taken { remaining: u64 },
     /// The shared bucket is empty until `retry_after_ns` from now ([`NEVER_NS`]: never).
     Exhausted { retry_after_ns: u64 },
-    /// The last lease failed; decide by `fail_mode`.
-    Failing,
     /// Too few tokens here: a lease is needed.
     Empty,
 }
@@ -157,10 +155,12 @@ impl LocalBucket {
             let retry_after_ns = if never { NEVER_NS } else { until - now_ns };
             return Local::Exhausted { retry_after_ns };
         }
-        if now_ns < self.failing_until_ns.load(Ordering::Acquire) {
-            return Local::Failing;
-        }
         Local::Empty
+    }
+
+    /// Whether the last lease failed recently: decide by `fail_mode` instead of asking again.
+    pub(crate) fn is_failing(&self, now_ns: u64) -> bool {
+        now_ns < self.failing_until_ns.load(Ordering::Acquire)
     }
 
     /// Whether the remaining tokens call for a background lease.

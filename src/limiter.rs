@@ -87,6 +87,9 @@ pub struct LimiterStats {
     pub returned_tokens: u64,
 }
 
+/// Rules by name.
+type RuleMap = HashMap<String, Arc<Compiled>, foldhash::fast::RandomState>;
+
 /// A rule as the limiter runs it.
 #[derive(Debug)]
 struct Compiled {
@@ -94,14 +97,14 @@ struct Compiled {
     fail_mode: FailMode,
     metrics: RuleMetrics,
     /// Leased tokens per key (rules with a lease only).
-    local: DashMap<String, Arc<LocalBucket>>,
+    local: DashMap<String, Arc<LocalBucket>, foldhash::fast::RandomState>,
     /// Its share for `fail_mode = "local"` (capacity and rate divided by the expected processes).
     share: Option<TokenBucket>,
 }
 
 #[derive(Debug)]
 struct Inner {
-    rules: ArcSwap<HashMap<String, Arc<Compiled>>>,
+    rules: ArcSwap<RuleMap>,
     store: Arc<dyn Store>,
     /// State of `fail_mode = "local"` while the store fails.
     fallback: MemoryStore,
@@ -242,7 +245,7 @@ impl LimiterBuilder {
             });
         }
         let timeout = self.timeout.unwrap_or(Duration::from_millis(50));
-        let mut rules = HashMap::new();
+        let mut rules = RuleMap::default();
         for rule in self.rules {
             if rules.contains_key(&rule.name) {
                 return Err(Error::InvalidArgument {
@@ -295,7 +298,7 @@ fn compile(rule: Rule, default_mode: FailMode, processes: u64) -> Compiled {
     Compiled {
         fail_mode: rule.fail_mode.unwrap_or(default_mode),
         metrics: RuleMetrics::new(&rule.name),
-        local: DashMap::new(),
+        local: DashMap::default(),
         share,
         rule,
     }
@@ -374,8 +377,32 @@ impl Limiter {
     /// a zero cost; [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
     /// [`Limiter::shutdown`].
     pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        let compiled = self.compiled(rule)?;
-        self.validate(&compiled, key, cost)?;
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        // The hot path borrows the rule and the key's local bucket: no reference count is touched, so threads
+        // deciding on one hot key share only the bucket's token count and the map shard's read lock.
+        let compiled = {
+            let rules = self.inner.rules.load();
+            let compiled = rules
+                .get(rule)
+                .ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+            self.validate(compiled, key, cost)?;
+            if compiled.rule.lease().is_some() {
+                if let Some(local) = compiled.local.get(key) {
+                    let now = self.inner.clock.now_ns();
+                    if !local.has_expired(now) {
+                        if let Some(decision) =
+                            self.decide_locally(compiled, local.value(), cost, now)
+                        {
+                            compiled.metrics.decision(decision.allowed, decision.source);
+                            return Ok(decision);
+                        }
+                    }
+                }
+            }
+            compiled.clone()
+        };
         let decision = match &compiled.rule.algorithm {
             Algorithm::TokenBucket {
                 lease: Some(lease), ..
@@ -386,16 +413,41 @@ impl Limiter {
         Ok(decision)
     }
 
-    fn compiled(&self, rule: &str) -> Result<Arc<Compiled>, Error> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(Error::ShutDown);
+    /// Decides from the key's leased tokens or its cached refusal; `None` when a lease (or the fail mode) must.
+    #[inline]
+    fn decide_locally(
+        &self,
+        compiled: &Arc<Compiled>,
+        local: &Arc<LocalBucket>,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        match local.try_take(cost, now) {
+            Local::Taken { remaining } => {
+                if local.below_watermark(remaining) {
+                    self.start_lease(compiled, local, 1);
+                }
+                Some(Decision {
+                    allowed: true,
+                    remaining,
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::from_nanos(local.reset_after_ns(now)),
+                    source: Source::Local,
+                })
+            }
+            Local::Exhausted { retry_after_ns } => Some(Decision {
+                allowed: false,
+                remaining: local.available(),
+                retry_after: if retry_after_ns == NEVER_NS {
+                    Duration::MAX
+                } else {
+                    Duration::from_nanos(retry_after_ns)
+                },
+                reset_after: Duration::from_nanos(local.reset_after_ns(now)),
+                source: Source::Local,
+            }),
+            Local::Empty => None,
         }
-        self.inner
-            .rules
-            .load()
-            .get(rule)
-            .cloned()
-            .ok_or_else(|| Error::UnknownRule(rule.to_owned()))
     }
 
     fn validate(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<(), Error> {
@@ -565,37 +617,12 @@ impl Limiter {
             if local.has_expired(now) {
                 self.expire(compiled, &local, now);
             }
-            match local.try_take(cost, now) {
-                Local::Taken { remaining } => {
-                    if local.below_watermark(remaining) {
-                        self.start_lease(compiled, &local, 1);
-                    }
-                    return Decision {
-                        allowed: true,
-                        remaining,
-                        retry_after: Duration::ZERO,
-                        reset_after: Duration::from_nanos(local.reset_after_ns(now)),
-                        source: Source::Local,
-                    };
-                }
-                Local::Exhausted { retry_after_ns } => {
-                    return Decision {
-                        allowed: false,
-                        remaining: local.available(),
-                        retry_after: if retry_after_ns == NEVER_NS {
-                            Duration::MAX
-                        } else {
-                            Duration::from_nanos(retry_after_ns)
-                        },
-                        reset_after: Duration::from_nanos(local.reset_after_ns(now)),
-                        source: Source::Local,
-                    };
-                }
-                Local::Failing => {
-                    let error = StoreError::timeout("token_bucket", self.inner.lease_wait);
-                    return self.fallback(compiled, &local.store_key, cost, &error);
-                }
-                Local::Empty => {}
+            if let Some(decision) = self.decide_locally(compiled, &local, cost, now) {
+                return decision;
+            }
+            if local.is_failing(now) {
+                let error = StoreError::timeout("token_bucket", self.inner.lease_wait);
+                return self.fallback(compiled, &local.store_key, cost, &error);
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.

@@ -6,6 +6,8 @@
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, SharedString, Unit};
 
+use crate::error::StoreErrorKind;
+
 /// Decisions, by `rule`, `outcome` (`allowed`/`rejected`) and `source` (`local`/`redis`/`memory`/`fallback`).
 pub const DECISIONS_TOTAL: &str = "tokenlease_decisions_total";
 /// Lease calls to the store, by `rule` and `result` (`granted`/`partial`/`refused`/`error`).
@@ -30,6 +32,11 @@ pub const QUEUE_WAIT_SECONDS: &str = "tokenlease_queue_wait_seconds";
 /// Histogram buckets for Redis latency: 50 µs to 100 ms.
 pub const REDIS_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+];
+
+/// Histogram buckets for queue waits: 1 ms to 60 s.
+pub const QUEUE_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
 /// Registers help texts and units with the installed recorder.
@@ -138,19 +145,25 @@ impl RuleMetrics {
 #[derive(Debug, Clone)]
 pub(crate) struct ScriptMetrics {
     pub(crate) duration: Histogram,
-    script: &'static str,
+    /// One counter per [`StoreErrorKind`], in its declaration order.
+    errors: [Counter; 5],
 }
 
 impl ScriptMetrics {
     pub(crate) fn new(script: &'static str) -> Self {
+        use StoreErrorKind as K;
+        let errors = [K::Timeout, K::Io, K::NoScript, K::Cluster, K::Other]
+            .map(|k| counter!(REDIS_ERRORS_TOTAL, "script" => script, "kind" => k.as_str()));
         Self {
             duration: histogram!(REDIS_DURATION_SECONDS, "script" => script),
-            script,
+            errors,
         }
     }
 
-    pub(crate) fn error(&self, kind: crate::error::StoreErrorKind) {
-        counter!(REDIS_ERRORS_TOTAL, "script" => self.script, "kind" => kind.as_str()).increment(1);
+    pub(crate) fn error(&self, kind: StoreErrorKind) {
+        if let Some(c) = self.errors.get(kind as usize) {
+            c.increment(1);
+        }
     }
 }
 

@@ -52,7 +52,7 @@ impl RedisStore {
     /// reconnects by itself after a failure, so it can be built while Redis is down. Needs a tokio runtime.
     ///
     /// # Errors
-    /// [`StoreError`] of kind `Other` when the URL is malformed.
+    /// [`StoreError`] of kind `Other` when the URL is malformed or no tokio runtime is running.
     pub fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         let err = |e: redis::RedisError| StoreError {
             kind: StoreErrorKind::Other,
@@ -60,6 +60,14 @@ impl RedisStore {
             message: e.to_string(),
             source: Some(Box::new(e)),
         };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError {
+                kind: StoreErrorKind::Other,
+                script: "connect",
+                message: "a Redis store must be created inside a tokio runtime".into(),
+                source: None,
+            });
+        }
         let client = redis::Client::open(url).map_err(err)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))

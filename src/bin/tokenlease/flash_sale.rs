@@ -50,6 +50,8 @@ pub struct Args {
 /// What a worker is told to do.
 #[derive(Debug, Serialize, Deserialize)]
 struct Spec {
+    /// 0 for the first worker, which serves `[metrics] listen` when the config sets it.
+    index: u32,
     config: PathBuf,
     redis: Option<String>,
     rule: String,
@@ -239,7 +241,8 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
 
     let run_id = epoch_us();
     let start_at_ms = epoch_us() / 1000 + 1500;
-    let spec = |_worker: u32| Spec {
+    let spec = |index: u32| Spec {
+        index,
         config: args.config.clone(),
         redis: Some(url.clone().unwrap_or_else(|| "memory".into())),
         rule: rule.name.clone(),
@@ -470,6 +473,12 @@ async fn run_worker(spec: Spec) -> Result<Report, String> {
             if let Algorithm::TokenBucket { lease, .. } = &mut rule.algorithm {
                 *lease = None;
             }
+        }
+    }
+    if let (0, Some(metrics)) = (spec.index, &config.metrics) {
+        // A busy port must not stop the run: say so and go on without an exporter.
+        if let Err(e) = crate::install_exporter(metrics.listen) {
+            eprintln!("{e}");
         }
     }
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;

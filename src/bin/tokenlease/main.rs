@@ -57,6 +57,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// Installs the Prometheus exporter on `listen` (call inside the tokio runtime, before building the limiter).
+pub(crate) fn install_exporter(listen: std::net::SocketAddr) -> Result<(), String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .with_http_listener(listen)
+        .set_buckets_for_metric(
+            Matcher::Full(tokenlease::telemetry::REDIS_DURATION_SECONDS.into()),
+            tokenlease::telemetry::REDIS_BUCKETS,
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(tokenlease::telemetry::QUEUE_WAIT_SECONDS.into()),
+                tokenlease::telemetry::QUEUE_BUCKETS,
+            )
+        })
+        .and_then(|b| b.install())
+        .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))?;
+    tokenlease::telemetry::describe();
+    Ok(())
+}
+
 fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
     let path = path.unwrap_or_else(|| PathBuf::from("config.toml"));
     let config = tokenlease::Config::from_path(&path).map_err(|e| e.to_string())?;

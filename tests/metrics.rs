@@ -1,0 +1,156 @@
+//! The limiter records the metrics of DESIGN.md §6 (with a local debugging recorder: no global state).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+use tokenlease::{Lease, Limiter, RedisStore, Rule};
+
+/// What a snapshot holds (taking one resets the recorder's counters, so take it once).
+type Metrics = Vec<(
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+fn counter(snap: &Metrics, name: &str, labels: &[(&str, &str)]) -> u64 {
+    snap.iter()
+        .filter(|(k, ..)| k.kind() == MetricKind::Counter && k.key().name() == name)
+        .filter(|(k, ..)| {
+            labels
+                .iter()
+                .all(|(n, v)| k.key().labels().any(|l| l.key() == *n && l.value() == *v))
+        })
+        .map(|(.., v)| match v {
+            DebugValue::Counter(c) => *c,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn histogram_samples(snap: &Metrics, name: &str, script: &str) -> usize {
+    snap.iter()
+        .filter(|(k, ..)| k.key().name() == name && k.key().labels().any(|l| l.value() == script))
+        .map(|(.., v)| match v {
+            DebugValue::Histogram(h) => h.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_leases_and_redis_latency_are_recorded() {
+    let server = common::RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        let store = RedisStore::connect(&server.url(), Duration::from_secs(1)).expect("store");
+        let leased = Rule::token_bucket("sku", 10, 1, Duration::from_secs(3600))
+            .and_then(|r| {
+                r.with_lease(Lease {
+                    min_batch: 5,
+                    max_batch: 5,
+                    ttl: Duration::from_secs(60),
+                })
+            })
+            .expect("rule");
+        let direct = Rule::token_bucket("post", 2, 1, Duration::from_secs(3600)).expect("rule");
+        Limiter::builder()
+            .store(Arc::new(store))
+            .expected_processes(1)
+            .rule(leased)
+            .rule(direct)
+            .build()
+    })
+    .expect("limiter");
+
+    let mut allowed = 0;
+    for _ in 0..30 {
+        allowed += u64::from(limiter.check("sku", "a", 1).await.expect("check").allowed);
+    }
+    for _ in 0..3 {
+        let _ = limiter.check("post", "u1", 1).await.expect("check");
+    }
+    assert_eq!(allowed, 10);
+    let snap = snap.snapshot().into_vec();
+    let d = |rule, outcome, source| {
+        counter(
+            &snap,
+            "tokenlease_decisions_total",
+            &[("rule", rule), ("outcome", outcome), ("source", source)],
+        )
+    };
+    assert_eq!(d("sku", "allowed", "local"), 10);
+    assert_eq!(d("sku", "rejected", "local"), 20);
+    assert_eq!(d("post", "allowed", "redis"), 2);
+    assert_eq!(d("post", "rejected", "redis"), 1);
+    assert_eq!(
+        counter(
+            &snap,
+            "tokenlease_leases_total",
+            &[("rule", "sku"), ("result", "granted")]
+        ),
+        2
+    );
+    assert!(
+        counter(
+            &snap,
+            "tokenlease_leases_total",
+            &[("rule", "sku"), ("result", "refused")]
+        ) >= 1
+    );
+    assert_eq!(
+        counter(&snap, "tokenlease_leased_tokens_total", &[("rule", "sku")]),
+        10
+    );
+    assert!(histogram_samples(&snap, "tokenlease_redis_duration_seconds", "token_bucket") >= 6);
+    // No label carries a key.
+    for (key, ..) in &snap {
+        assert!(
+            key.key()
+                .labels()
+                .all(|l| l.value() != "a" && l.value() != "u1"),
+            "{key:?}"
+        );
+    }
+    limiter.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_errors_are_counted_by_kind() {
+    let mut server = common::RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        let store = RedisStore::connect(&server.url(), Duration::from_millis(200)).expect("store");
+        let rule = Rule::token_bucket("post", 2, 1, Duration::from_secs(3600)).expect("rule");
+        Limiter::builder()
+            .store(Arc::new(store))
+            .timeout(Duration::from_millis(200))
+            .rule(rule)
+            .build()
+    })
+    .expect("limiter");
+    server.stop();
+    let d = limiter.check("post", "u", 1).await.expect("a decision");
+    assert_eq!(d.source, tokenlease::Source::Fallback);
+    let snap = snap.snapshot().into_vec();
+    let errors = counter(
+        &snap,
+        "tokenlease_redis_errors_total",
+        &[("script", "token_bucket")],
+    );
+    assert_eq!(errors, 1, "{snap:#?}");
+    assert_eq!(
+        counter(
+            &snap,
+            "tokenlease_decisions_total",
+            &[("source", "fallback")]
+        ),
+        1
+    );
+}
