@@ -74,12 +74,7 @@ fn hot_rule(batch: u64) -> Rule {
 fn local_lease_hit(c: &mut Criterion) {
     let rt = runtime();
     let limiter = rt
-        .block_on(async {
-            Limiter::builder()
-                .rule(hot_rule(100_000))
-                .expected_processes(1)
-                .build()
-        })
+        .block_on(async { Limiter::builder().rule(hot_rule(100_000)).expected_processes(1).build() })
         .expect("limiter");
     let warm = rt
         .block_on(async { limiter.check("hot", "sku:1", 1).await })
@@ -97,12 +92,7 @@ fn local_lease_hit(c: &mut Criterion) {
 fn local_lease_hit_contended(c: &mut Criterion) {
     let rt = runtime();
     let limiter = rt
-        .block_on(async {
-            Limiter::builder()
-                .rule(hot_rule(100_000))
-                .expected_processes(1)
-                .build()
-        })
+        .block_on(async { Limiter::builder().rule(hot_rule(100_000)).expected_processes(1).build() })
         .expect("limiter");
     let mut g = c.benchmark_group("decision");
     g.throughput(Throughput::Elements(2));
@@ -149,8 +139,7 @@ fn redis_paths(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("decision");
     g.throughput(Throughput::Elements(1));
-    let per_call =
-        build(Rule::token_bucket("hot", 1 << 40, 1 << 30, Duration::from_secs(1)).expect("rule"));
+    let per_call = build(Rule::token_bucket("hot", 1 << 40, 1 << 30, Duration::from_secs(1)).expect("rule"));
     g.bench_function("redis_per_call", |b| {
         b.to_async(&rt)
             .iter(|| async { per_call.check("hot", "sku:1", 1).await.expect("check") })
@@ -169,10 +158,5 @@ fn redis_paths(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(
-    benches,
-    local_lease_hit,
-    local_lease_hit_contended,
-    redis_paths
-);
+criterion_group!(benches, local_lease_hit, local_lease_hit_contended, redis_paths);
 criterion_main!(benches);

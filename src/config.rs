@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::rule::{self, whole_ms, Algorithm, FailMode, Lease, Rule};
+use crate::rule::{self, check_name, check_sub_buckets, parse_utc_offset, whole_ms, Algorithm, FailMode, Lease, Rule};
 
 /// A configuration error: where it is and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -56,9 +56,7 @@ fn origin(path: &Option<PathBuf>) -> String {
 }
 
 fn quoted(line: &Option<String>) -> String {
-    line.as_ref()
-        .map(|l| format!("`{l}`: "))
-        .unwrap_or_default()
+    line.as_ref().map(|l| format!("`{l}`: ")).unwrap_or_default()
 }
 
 fn at_line(line: Option<usize>) -> String {
@@ -251,8 +249,7 @@ impl Config {
     }
 
     fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
-        let line_of =
-            |offset: usize| Some(text[..offset.min(text.len())].matches('\n').count() + 1);
+        let line_of = |offset: usize| Some(text[..offset.min(text.len())].matches('\n').count() + 1);
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().and_then(|s| line_of(s.start));
             let source_line = line
@@ -266,14 +263,12 @@ impl Config {
                 message: e.message().trim().to_owned(),
             }
         })?;
-        let invalid = |line: Option<usize>, context: String, field: &str, message: String| {
-            ConfigError::Invalid {
-                path: path.map(Path::to_owned),
-                line,
-                context,
-                field: field.to_owned(),
-                message,
-            }
+        let invalid = |line: Option<usize>, context: String, field: &str, message: String| ConfigError::Invalid {
+            path: path.map(Path::to_owned),
+            line,
+            context,
+            field: field.to_owned(),
+            message,
         };
 
         let mut fail_mode = FailMode::default();
@@ -292,20 +287,10 @@ impl Config {
                     ));
                 }
                 if r.timeout.is_zero() {
-                    return Err(invalid(
-                        line,
-                        ctx(),
-                        "timeout",
-                        "must be longer than zero".into(),
-                    ));
+                    return Err(invalid(line, ctx(), "timeout", "must be longer than zero".into()));
                 }
                 if r.expected_processes == 0 {
-                    return Err(invalid(
-                        line,
-                        ctx(),
-                        "expected_processes",
-                        "must be at least 1".into(),
-                    ));
+                    return Err(invalid(line, ctx(), "expected_processes", "must be at least 1".into()));
                 }
                 if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}']) {
                     return Err(invalid(
@@ -343,15 +328,9 @@ impl Config {
             let raw_rule = spanned.into_inner();
             let ctx = format!("rule \"{}\": ", raw_rule.name);
             if rules.iter().any(|r| r.name == raw_rule.name) {
-                return Err(invalid(
-                    line,
-                    ctx,
-                    "name",
-                    "is used by an earlier rule".into(),
-                ));
+                return Err(invalid(line, ctx, "name", "is used by an earlier rule".into()));
             }
-            let rule = build_rule(raw_rule)
-                .map_err(|(field, message)| invalid(line, ctx, field, message))?;
+            let rule = build_rule(raw_rule).map_err(|(field, message)| invalid(line, ctx, field, message))?;
             rules.push(rule);
         }
         Ok(Self {
@@ -377,30 +356,6 @@ fn positive(v: u64, field: &'static str) -> Result<u64, FieldError> {
     Ok(v)
 }
 
-/// `+08:00`, `-05:30`, `Z` → offset east of UTC in milliseconds.
-fn parse_utc_offset(s: &str) -> Result<i64, FieldError> {
-    let bad = || {
-        (
-            "utc_offset",
-            format!("`{s}` is not an offset like \"+08:00\" or \"-05:30\""),
-        )
-    };
-    if s == "Z" || s == "UTC" {
-        return Ok(0);
-    }
-    let (sign, rest) = match s.as_bytes().first() {
-        Some(b'+') => (1, &s[1..]),
-        Some(b'-') => (-1, &s[1..]),
-        _ => return Err(bad()),
-    };
-    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
-    let (h, m): (i64, i64) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
-    if h > 14 || m > 59 || h < 0 || m < 0 {
-        return Err(bad());
-    }
-    Ok(sign * (h * 3_600_000 + m * 60_000))
-}
-
 fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
     let name = r.algorithm;
     let algo = match name {
@@ -410,9 +365,7 @@ fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
         AlgorithmName::SlidingWindow => "sliding_window",
         AlgorithmName::LeakyBucket => "leaky_bucket",
     };
-    if r.name.is_empty() || r.name.contains(['{', '}']) {
-        return Err(("name", "must be non-empty and hold no `{` or `}`".into()));
-    }
+    check_name(&r.name)?;
     // Fields that belong to other algorithms are errors, not silently ignored.
     let allowed: &[&str] = match name {
         AlgorithmName::TokenBucket => &["capacity", "rate", "per", "lease"],
@@ -468,10 +421,7 @@ fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
             let align_ms = match r.reset {
                 None => {
                     if r.utc_offset.is_some() {
-                        return Err((
-                            "utc_offset",
-                            "needs `reset` (midnight, hour or minute)".into(),
-                        ));
+                        return Err(("utc_offset", "needs `reset` (midnight, hour or minute)".into()));
                     }
                     None
                 }
@@ -482,12 +432,15 @@ fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
                         Reset::Minute => 60_000,
                     };
                     if window_ms % period != 0 {
-                        return Err(("window", format!("must be a whole number of {reset:?}s to reset at one (got {window_ms} ms)").to_lowercase()));
+                        return Err((
+                            "window",
+                            format!("must be a whole number of {reset:?}s to reset at one (got {window_ms} ms)")
+                                .to_lowercase(),
+                        ));
                     }
                     // Windows start where (now_ms + offset) is a multiple of the window: local midnight.
                     let offset = parse_utc_offset(r.utc_offset.as_deref().unwrap_or("Z"))?;
-                    let w = i64::try_from(window_ms)
-                        .map_err(|_| ("window", "is too long".to_owned()))?;
+                    let w = i64::try_from(window_ms).map_err(|_| ("window", "is too long".to_owned()))?;
                     Some(u64::try_from(offset.rem_euclid(w)).unwrap_or(0))
                 }
             };
@@ -506,12 +459,7 @@ fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
         AlgorithmName::SlidingWindow => {
             let window_ms = whole_ms(required(r.window, "window", algo)?, "window")?;
             let sub_buckets = positive(r.sub_buckets.unwrap_or(10), "sub_buckets")?;
-            if sub_buckets > 1000 || window_ms % sub_buckets != 0 {
-                return Err((
-                    "sub_buckets",
-                    format!("must divide the window ({window_ms} ms) and be at most 1000"),
-                ));
-            }
+            check_sub_buckets(window_ms, sub_buckets)?;
             Algorithm::SlidingWindow {
                 limit: positive(required(r.limit, "limit", algo)?, "limit")?,
                 window_ms,
@@ -535,17 +483,4 @@ fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
         algorithm,
         fail_mode: r.fail_mode,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utc_offsets() {
-        assert_eq!(parse_utc_offset("+08:00"), Ok(28_800_000));
-        assert_eq!(parse_utc_offset("-05:30"), Ok(-19_800_000));
-        assert!(parse_utc_offset("8").is_err());
-        assert!(parse_utc_offset("+25:00").is_err());
-    }
 }

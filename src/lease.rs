@@ -135,12 +135,10 @@ impl LocalBucket {
     pub(crate) fn try_take(&self, cost: u64, now_ns: u64) -> Local {
         let mut current = self.available.load(Ordering::Acquire);
         while current >= cost {
-            match self.available.compare_exchange_weak(
-                current,
-                current - cost,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match self
+                .available
+                .compare_exchange_weak(current, current - cost, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => {
                     return Local::Taken {
                         remaining: current - cost,
@@ -196,9 +194,7 @@ impl LocalBucket {
 
     /// Nanoseconds until the shared bucket is full again (0 when unknown or already).
     pub(crate) fn reset_after_ns(&self, now_ns: u64) -> u64 {
-        self.full_at_ns
-            .load(Ordering::Relaxed)
-            .saturating_sub(now_ns)
+        self.full_at_ns.load(Ordering::Relaxed).saturating_sub(now_ns)
     }
 
     /// Plans the next lease: sizes the batch from the rate tokens were spent at since the last lease, and
@@ -211,12 +207,9 @@ impl LocalBucket {
         let spent = book.available_after_lease.saturating_sub(available);
         let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
         // Tokens per ttl/2 at the observed rate: a batch should be spent well within its TTL.
-        let horizon_ns = u64::try_from(lease.ttl.as_nanos() / 2)
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let horizon_ns = u64::try_from(lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX).max(1);
         let observed =
-            u64::try_from(u128::from(spent) * u128::from(horizon_ns) / u128::from(elapsed_ns))
-                .unwrap_or(u64::MAX);
+            u64::try_from(u128::from(spent) * u128::from(horizon_ns) / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
         let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
         if self.starved.swap(false, Ordering::Relaxed) {
             batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
@@ -235,14 +228,7 @@ impl LocalBucket {
     /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), the
     /// next lease asks for a whole batch as `min` and is not sent before a batch can have accumulated: until
     /// then, callers that find no local tokens are refused locally (DESIGN.md §3, invariant 4).
-    pub(crate) fn add(
-        &self,
-        grant: &Reply,
-        deadline_ns: u64,
-        plan: LeasePlan,
-        bucket: &TokenBucket,
-        now_ns: u64,
-    ) {
+    pub(crate) fn add(&self, grant: &Reply, deadline_ns: u64, plan: LeasePlan, bucket: &TokenBucket, now_ns: u64) {
         let mut book = self.lock();
         let available = self.available.load(Ordering::Acquire);
         Self::attribute(&mut book, available);
@@ -271,13 +257,7 @@ impl LocalBucket {
     }
 
     /// Records a refusal: refuse locally for `retry_after_ns` ([`NEVER_NS`]: re-ask after `recheck_ns`).
-    pub(crate) fn refused(
-        &self,
-        retry_after_ns: u64,
-        recheck_ns: u64,
-        reset_after_ns: u64,
-        now_ns: u64,
-    ) {
+    pub(crate) fn refused(&self, retry_after_ns: u64, recheck_ns: u64, reset_after_ns: u64, now_ns: u64) {
         let mut book = self.lock();
         book.saturated = true;
         // "Never" is only cached for a while: tokens given back by another process may still come.
@@ -313,12 +293,10 @@ impl LocalBucket {
             if expired == 0 {
                 break 0;
             }
-            match self.available.compare_exchange(
-                current,
-                current - expired,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match self
+                .available
+                .compare_exchange(current, current - expired, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => break expired,
                 Err(actual) => current = actual,
             }
@@ -355,9 +333,7 @@ impl LocalBucket {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
         // A poisoned book is still consistent: every update leaves it whole before anything can panic.
-        self.book
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -19,6 +19,20 @@ use crate::rule::{Algorithm, FailMode, Lease, Rule};
 use crate::store::{Call, MemoryStore, RedisStore, Script, Store};
 use crate::telemetry::{self, RuleMetrics, Source};
 
+/// Rules built in code that are compiled once and kept; beyond this many, each call compiles its rule.
+const MAX_ADHOC_RULES: usize = 1024;
+
+/// Renames the argument of an [`Error::InvalidArgument`] to the caller's name for it.
+fn rename_argument(e: Error, names: &[(&'static str, &'static str)]) -> Error {
+    match e {
+        Error::InvalidArgument { name, reason } => {
+            let name = names.iter().find(|(from, _)| *from == name).map_or(name, |(_, to)| to);
+            Error::InvalidArgument { name, reason }
+        }
+        other => other,
+    }
+}
+
 /// Keys longer than this many bytes are refused with [`Error::InvalidArgument`].
 pub const MAX_KEY_LEN: usize = 512;
 
@@ -98,8 +112,6 @@ struct Compiled {
     metrics: RuleMetrics,
     /// Leased tokens per key (rules with a lease only).
     local: DashMap<String, Arc<LocalBucket>, foldhash::fast::RandomState>,
-    /// Its share for `fail_mode = "local"` (capacity and rate divided by the expected processes).
-    share: Option<TokenBucket>,
 }
 
 #[derive(Debug)]
@@ -119,6 +131,12 @@ struct Inner {
     backoff: Duration,
     local_config: LocalConfig,
     store_calls: AtomicU64,
+    /// Sliding-log members are `{member_prefix}-{n}`: unique across processes and calls.
+    member_prefix: String,
+    members: AtomicU64,
+    /// Rules built in code and passed to [`Limiter::check_rule`], compiled once.
+    adhoc: DashMap<Rule, Arc<Compiled>, foldhash::fast::RandomState>,
+    default_fail_mode: FailMode,
     leased_tokens: AtomicU64,
     returned_tokens: AtomicU64,
     closed: AtomicBool,
@@ -224,9 +242,7 @@ impl LimiterBuilder {
     /// [`Error::InvalidArgument`] for duplicate rule names, an empty or braced key prefix, or zero expected
     /// processes.
     pub fn build(self) -> Result<Limiter, Error> {
-        let clock = self
-            .clock
-            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let clock = self.clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let store = self
             .store
             .unwrap_or_else(|| Arc::new(MemoryStore::with_clock(clock.clone())));
@@ -253,7 +269,7 @@ impl LimiterBuilder {
                     reason: format!("duplicate rule name `{}`", rule.name),
                 });
             }
-            let compiled = compile(rule, self.fail_mode, expected_processes);
+            let compiled = compile(rule, self.fail_mode);
             rules.insert(compiled.rule.name.clone(), Arc::new(compiled));
         }
         let inner = Arc::new(Inner {
@@ -268,6 +284,10 @@ impl LimiterBuilder {
             backoff: Duration::from_millis(100).max(timeout),
             local_config: self.local,
             store_calls: AtomicU64::new(0),
+            member_prefix: format!("{:x}.{:x}", std::process::id(), clock_seed()),
+            members: AtomicU64::new(0),
+            adhoc: DashMap::default(),
+            default_fail_mode: self.fail_mode,
             leased_tokens: AtomicU64::new(0),
             returned_tokens: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -285,32 +305,18 @@ impl LimiterBuilder {
     }
 }
 
-fn compile(rule: Rule, default_mode: FailMode, processes: u64) -> Compiled {
-    let share = match &rule.algorithm {
-        // Each process alone enforces 1/n of the capacity and of the rate (rate per n × per, exactly).
-        Algorithm::TokenBucket { bucket, .. } => Some(TokenBucket {
-            capacity: (bucket.capacity / processes).max(1),
-            rate: bucket.rate,
-            per_ms: bucket.per_ms.saturating_mul(processes),
-        }),
-        _ => None,
-    };
+fn compile(rule: Rule, default_mode: FailMode) -> Compiled {
     Compiled {
         fail_mode: rule.fail_mode.unwrap_or(default_mode),
         metrics: RuleMetrics::new(&rule.name),
         local: DashMap::default(),
-        share,
         rule,
     }
 }
 
 fn sweep_interval(inner: &Inner) -> Duration {
     let rules = inner.rules.load();
-    let shortest = rules
-        .values()
-        .filter_map(|c| c.rule.lease())
-        .map(|l| l.ttl / 4)
-        .min();
+    let shortest = rules.values().filter_map(|c| c.rule.lease()).map(|l| l.ttl / 4).min();
     shortest
         .unwrap_or(Duration::from_secs(1))
         .clamp(Duration::from_millis(5), Duration::from_secs(1))
@@ -384,17 +390,13 @@ impl Limiter {
         // deciding on one hot key share only the bucket's token count and the map shard's read lock.
         let compiled = {
             let rules = self.inner.rules.load();
-            let compiled = rules
-                .get(rule)
-                .ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+            let compiled = rules.get(rule).ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
             self.validate(compiled, key, cost)?;
             if compiled.rule.lease().is_some() {
                 if let Some(local) = compiled.local.get(key) {
                     let now = self.inner.clock.now_ns();
                     if !local.has_expired(now) {
-                        if let Some(decision) =
-                            self.decide_locally(compiled, local.value(), cost, now)
-                        {
+                        if let Some(decision) = self.decide_locally(compiled, local.value(), cost, now) {
                             compiled.metrics.decision(decision.allowed, decision.source);
                             return Ok(decision);
                         }
@@ -403,14 +405,106 @@ impl Limiter {
             }
             compiled.clone()
         };
+        self.decide(&compiled, key, cost).await
+    }
+
+    async fn decide(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Decision, Error> {
         let decision = match &compiled.rule.algorithm {
-            Algorithm::TokenBucket {
-                lease: Some(lease), ..
-            } => self.check_leased(&compiled, lease, key, cost).await,
-            _ => self.check_store(&compiled, key, cost).await?,
+            Algorithm::TokenBucket { lease: Some(lease), .. } => self.check_leased(compiled, lease, key, cost).await,
+            _ => self.check_store(compiled, key, cost).await?,
         };
         compiled.metrics.decision(decision.allowed, decision.source);
         Ok(decision)
+    }
+
+    /// Like [`Limiter::check`], for a rule built in code rather than configured (compiled once and cached by
+    /// its value; keys are `{prefix}:{rule.name:key}` as for configured rules).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// use tokenlease::{Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder().build()?;
+    /// let comment = Rule::sliding_log("comment", 10, Duration::from_secs(30))?; // seed 003, scenario 1
+    /// for _ in 0..10 {
+    ///     assert!(limiter.check_rule(&comment, "user:7", 1).await?.allowed);
+    /// }
+    /// assert!(!limiter.check_rule(&comment, "user:7", 1).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Limiter::check`], but never [`Error::UnknownRule`].
+    pub async fn check_rule(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        let compiled = match self.inner.adhoc.get(rule) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Arc::new(compile(rule.clone(), self.inner.default_fail_mode));
+                if self.inner.adhoc.len() < MAX_ADHOC_RULES {
+                    self.inner.adhoc.insert(rule.clone(), c.clone());
+                }
+                c
+            }
+        };
+        self.validate(&compiled, key, cost)?;
+        self.decide(&compiled, key, cost).await
+    }
+
+    /// The seeds' convenience API (seed 000): whether `user_id` may do `action_key` once more, allowing at most
+    /// `max_count` actions in any `period` (a sliding-window log, exact; no config entry needed). Keys are
+    /// `{prefix}:{action_key:user_id}`; refused attempts are not recorded.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// let limiter = tokenlease::Limiter::builder().build()?;
+    /// for _ in 0..5 {
+    ///     assert!(limiter.is_action_allowed("laoqian", "reply", Duration::from_secs(60), 5).await?);
+    /// }
+    /// assert!(!limiter.is_action_allowed("laoqian", "reply", Duration::from_secs(60), 5).await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `user_id`, `action_key`, `period` or `max_count` when one is empty or
+    /// zero; [`Error::ShutDown`].
+    pub async fn is_action_allowed(
+        &self,
+        user_id: &str,
+        action_key: &str,
+        period: Duration,
+        max_count: u64,
+    ) -> Result<bool, Error> {
+        for (name, value) in [("user_id", user_id), ("action_key", action_key)] {
+            if value.is_empty() {
+                return Err(Error::InvalidArgument {
+                    name,
+                    reason: "must not be empty".into(),
+                });
+            }
+        }
+        if action_key.contains(['{', '}']) {
+            return Err(Error::InvalidArgument {
+                name: "action_key",
+                reason: "must not hold `{` or `}`".into(),
+            });
+        }
+        let rule = Rule::sliding_log(action_key, max_count, period)
+            .map_err(|e| rename_argument(e, &[("limit", "max_count"), ("window", "period")]))?;
+        Ok(self.check_rule(&rule, user_id, 1).await?.allowed)
+    }
+
+    /// Every compiled rule: configured and built in code.
+    fn all_compiled(&self) -> Vec<Arc<Compiled>> {
+        let mut all: Vec<_> = self.inner.rules.load().values().cloned().collect();
+        all.extend(self.inner.adhoc.iter().map(|e| e.value().clone()));
+        all
     }
 
     /// Decides from the key's leased tokens or its cached refusal; `None` when a lease (or the fail mode) must.
@@ -460,10 +554,7 @@ impl Limiter {
         if key.len() > MAX_KEY_LEN {
             return Err(Error::InvalidArgument {
                 name: "key",
-                reason: format!(
-                    "is {} bytes, more than the {MAX_KEY_LEN} allowed",
-                    key.len()
-                ),
+                reason: format!("is {} bytes, more than the {MAX_KEY_LEN} allowed", key.len()),
             });
         }
         if cost == 0 {
@@ -510,12 +601,7 @@ impl Limiter {
 
     /// Keys held in the local lease cache.
     pub fn local_keys(&self) -> usize {
-        self.inner
-            .rules
-            .load()
-            .values()
-            .map(|c| c.local.len())
-            .sum()
+        self.inner.rules.load().values().map(|c| c.local.len()).sum()
     }
 
     /// Whether the store answers now.
@@ -531,45 +617,89 @@ impl Limiter {
         self.inner.store.run(call).await
     }
 
-    async fn check_store(
-        &self,
-        compiled: &Compiled,
-        key: &str,
-        cost: u64,
-    ) -> Result<Decision, Error> {
+    async fn check_store(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<Decision, Error> {
         let store_key = self.store_key(&compiled.rule.name, key);
-        let call = match &compiled.rule.algorithm {
-            Algorithm::TokenBucket { bucket, .. } => {
-                token_bucket_call(&store_key, bucket, cost, cost)
-            }
-            other => {
-                return Err(Error::InvalidArgument {
-                    name: "rule",
-                    reason: format!(
-                        "algorithm {} is not available in this version",
-                        other.name()
-                    ),
-                })
-            }
+        let Some(call) = self.call_for(&compiled.rule.algorithm, &store_key, cost, 1) else {
+            return Err(Error::InvalidArgument {
+                name: "rule",
+                reason: format!(
+                    "algorithm {} is not available in this version",
+                    compiled.rule.algorithm.name()
+                ),
+            });
         };
         match self.run(&call).await {
-            Ok(reply) => Ok(Decision::from_reply(
-                &reply,
-                cost,
-                self.inner.store.source(),
-            )),
+            Ok(reply) => Ok(Decision::from_reply(&reply, cost, self.inner.store.source())),
             Err(e) => Ok(self.fallback(compiled, &store_key, cost, &e)),
         }
     }
 
+    /// The script call deciding `cost` tokens of `store_key` under `algorithm`, with the limits divided by
+    /// `share` (1 for the shared limits; the expected processes for `fail_mode = "local"`).
+    fn call_for(&self, algorithm: &Algorithm, store_key: &str, cost: u64, share: u64) -> Option<Call> {
+        let part = |limit: u64| as_arg((limit / share).max(1));
+        let keys = || vec![store_key.to_owned(), format!("{store_key}:ban")];
+        Some(match algorithm {
+            Algorithm::TokenBucket { bucket, .. } => {
+                // rate / share per period is rate per (share × period): exact.
+                let b = TokenBucket {
+                    capacity: (bucket.capacity / share).max(1),
+                    rate: bucket.rate,
+                    per_ms: bucket.per_ms.saturating_mul(share),
+                };
+                token_bucket_call(store_key, &b, cost, cost)
+            }
+            Algorithm::SlidingLog {
+                limit,
+                window_ms,
+                ban_ms,
+            } => {
+                let n = self.inner.members.fetch_add(1, Ordering::Relaxed);
+                Call::new(
+                    Script::SlidingLog,
+                    keys(),
+                    vec![as_arg(*window_ms), part(*limit), as_arg(cost), as_arg(*ban_ms)],
+                )
+                .with_member(format!("{}-{n}", self.inner.member_prefix))
+            }
+            Algorithm::FixedWindow {
+                limit,
+                window_ms,
+                align_ms,
+                ban_ms,
+            } => Call::new(
+                Script::FixedWindow,
+                keys(),
+                vec![
+                    as_arg(*window_ms),
+                    part(*limit),
+                    as_arg(cost),
+                    as_arg(*ban_ms),
+                    align_ms.map_or(-1, as_arg),
+                ],
+            ),
+            Algorithm::SlidingWindow {
+                limit,
+                window_ms,
+                sub_buckets,
+                ban_ms,
+            } => Call::new(
+                Script::SlidingWindow,
+                keys(),
+                vec![
+                    as_arg(*window_ms),
+                    as_arg(*sub_buckets),
+                    part(*limit),
+                    as_arg(cost),
+                    as_arg(*ban_ms),
+                ],
+            ),
+            Algorithm::LeakyBucket { .. } => return None,
+        })
+    }
+
     /// Decides by the rule's `fail_mode` after a store failure.
-    fn fallback(
-        &self,
-        compiled: &Compiled,
-        store_key: &str,
-        cost: u64,
-        error: &StoreError,
-    ) -> Decision {
+    fn fallback(&self, compiled: &Compiled, store_key: &str, cost: u64, error: &StoreError) -> Decision {
         tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
         let decision = |allowed: bool, retry_after: Duration| Decision {
             allowed,
@@ -578,26 +708,23 @@ impl Limiter {
             reset_after: Duration::ZERO,
             source: Source::Fallback,
         };
-        match (compiled.fail_mode, &compiled.share) {
-            (FailMode::Open, _) => decision(true, Duration::ZERO),
-            (FailMode::Local, Some(share)) if cost <= share.capacity => {
-                let call = token_bucket_call(store_key, share, cost, cost);
-                match self.inner.fallback.run_sync(&call) {
-                    Ok(reply) => Decision::from_reply(&reply, cost, Source::Fallback),
-                    Err(_) => decision(false, self.inner.backoff),
+        match compiled.fail_mode {
+            FailMode::Open => decision(true, Duration::ZERO),
+            FailMode::Closed => decision(false, self.inner.backoff),
+            FailMode::Local => {
+                let share = self.inner.expected_processes;
+                let call = self.call_for(&compiled.rule.algorithm, store_key, cost, share);
+                match call.map(|c| self.inner.fallback.run_sync(&c)) {
+                    Some(Ok(reply)) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
+                        Decision::from_reply(&reply, cost, Source::Fallback)
+                    }
+                    _ => decision(false, self.inner.backoff),
                 }
             }
-            (FailMode::Closed | FailMode::Local, _) => decision(false, self.inner.backoff),
         }
     }
 
-    async fn check_leased(
-        &self,
-        compiled: &Arc<Compiled>,
-        lease: &Lease,
-        key: &str,
-        cost: u64,
-    ) -> Decision {
+    async fn check_leased(&self, compiled: &Arc<Compiled>, lease: &Lease, key: &str, cost: u64) -> Decision {
         let local = match compiled.local.get(key) {
             Some(b) => b.clone(),
             None => {
@@ -699,9 +826,7 @@ impl Limiter {
                     m.lease_granted.increment(1);
                 }
                 m.leased_tokens.increment(reply.granted);
-                self.inner
-                    .leased_tokens
-                    .fetch_add(reply.granted, Ordering::Relaxed);
+                self.inner.leased_tokens.fetch_add(reply.granted, Ordering::Relaxed);
                 // The deadline counts from when the lease was sent: never later than the grant.
                 let deadline = sent.saturating_add(ns(lease.ttl));
                 local.add(&reply, deadline, plan, bucket, now);
@@ -764,9 +889,8 @@ impl Limiter {
     fn sweep(&self) {
         let now = self.inner.clock.now_ns();
         let idle_ns = ns(self.inner.local_config.idle_ttl);
-        let rules = self.inner.rules.load();
         let mut keys = 0;
-        for compiled in rules.values() {
+        for compiled in &self.all_compiled() {
             if compiled.rule.lease().is_none() {
                 continue;
             }
@@ -808,9 +932,9 @@ impl Limiter {
                 if tokens > 0 {
                     let this = self.clone();
                     let compiled = compiled.clone();
-                    self.inner.tracker.spawn(async move {
-                        this.give_back(&compiled, &local.store_key, tokens).await
-                    });
+                    self.inner
+                        .tracker
+                        .spawn(async move { this.give_back(&compiled, &local.store_key, tokens).await });
                 }
             }
         }
@@ -823,9 +947,8 @@ impl Limiter {
         self.inner.cancel.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
-        let rules = self.inner.rules.load();
         let mut returns = tokio::task::JoinSet::new();
-        for compiled in rules.values() {
+        for compiled in &self.all_compiled() {
             for entry in compiled.local.iter() {
                 let tokens = entry.drain();
                 if tokens > 0 {
@@ -839,6 +962,13 @@ impl Limiter {
         }
         while returns.join_next().await.is_some() {}
     }
+}
+
+/// Nanoseconds of the wall clock: tells apart two limiters of one process id (a restarted process).
+fn clock_seed() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 fn as_arg(v: u64) -> i64 {

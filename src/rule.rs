@@ -5,9 +5,7 @@ use std::time::Duration;
 use crate::algorithm::TokenBucket;
 
 /// What the limiter does when the store fails or times out.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FailMode {
     /// Allow every call (availability first).
@@ -112,9 +110,9 @@ impl Algorithm {
     pub fn capacity(&self) -> u64 {
         match self {
             Self::TokenBucket { bucket, .. } => bucket.capacity,
-            Self::FixedWindow { limit, .. }
-            | Self::SlidingLog { limit, .. }
-            | Self::SlidingWindow { limit, .. } => *limit,
+            Self::FixedWindow { limit, .. } | Self::SlidingLog { limit, .. } | Self::SlidingWindow { limit, .. } => {
+                *limit
+            }
             Self::LeakyBucket { rate, .. } => *rate,
         }
     }
@@ -147,10 +145,119 @@ impl Rule {
             .map_err(|(name, reason)| crate::Error::InvalidArgument { name, reason })?;
         Ok(Self {
             name: name.into(),
-            algorithm: Algorithm::TokenBucket {
-                bucket,
-                lease: None,
+            algorithm: Algorithm::TokenBucket { bucket, lease: None },
+            fail_mode: None,
+        })
+    }
+
+    /// A sliding-window log rule (seeds 000–002): at most `limit` tokens in any `window`, exact.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] naming `name`, `limit` or `window` when one is empty, zero, or not a
+    /// whole number of milliseconds.
+    pub fn sliding_log(name: impl Into<String>, limit: u64, window: Duration) -> Result<Self, crate::Error> {
+        let (limit, window_ms) = window_params(limit, window)?;
+        Self::named(
+            name,
+            Algorithm::SlidingLog {
+                limit,
+                window_ms,
+                ban_ms: 0,
             },
+        )
+    }
+
+    /// A rolling fixed-window rule (seeds 001, 002, 004): the first hit opens a `window` in which at most
+    /// `limit` tokens are granted (the seeds' INCR + EXPIRE, with its boundary burst: see the README).
+    ///
+    /// # Errors
+    /// As [`Rule::sliding_log`].
+    pub fn fixed_window(name: impl Into<String>, limit: u64, window: Duration) -> Result<Self, crate::Error> {
+        let (limit, window_ms) = window_params(limit, window)?;
+        Self::named(
+            name,
+            Algorithm::FixedWindow {
+                limit,
+                window_ms,
+                align_ms: None,
+                ban_ms: 0,
+            },
+        )
+    }
+
+    /// A calendar fixed-window rule (seed 003, scenario 3): windows of `window` start at local midnight (or
+    /// the hour, the minute) of the zone `utc_offset` (`"+08:00"`), so a daily quota resets at local midnight.
+    ///
+    /// # Errors
+    /// As [`Rule::sliding_log`]; also `utc_offset` when it is not like `+08:00`.
+    pub fn calendar_window(
+        name: impl Into<String>,
+        limit: u64,
+        window: Duration,
+        utc_offset: &str,
+    ) -> Result<Self, crate::Error> {
+        let (limit, window_ms) = window_params(limit, window)?;
+        let offset = parse_utc_offset(utc_offset).map_err(invalid)?;
+        let w = i64::try_from(window_ms).map_err(|_| invalid(("window", "is too long".into())))?;
+        let align_ms = u64::try_from(offset.rem_euclid(w)).unwrap_or(0);
+        Self::named(
+            name,
+            Algorithm::FixedWindow {
+                limit,
+                window_ms,
+                align_ms: Some(align_ms),
+                ban_ms: 0,
+            },
+        )
+    }
+
+    /// A sliding-window counter rule (seed 004): at most `limit` tokens in the last `sub_buckets` sub-buckets
+    /// of `window / sub_buckets` each; memory O(sub_buckets) per key; approximate (see the README).
+    ///
+    /// # Errors
+    /// As [`Rule::sliding_log`]; also `sub_buckets` when it is 0, above 1000 or does not divide the window.
+    pub fn sliding_window(
+        name: impl Into<String>,
+        limit: u64,
+        window: Duration,
+        sub_buckets: u64,
+    ) -> Result<Self, crate::Error> {
+        let (limit, window_ms) = window_params(limit, window)?;
+        check_sub_buckets(window_ms, sub_buckets).map_err(invalid)?;
+        Self::named(
+            name,
+            Algorithm::SlidingWindow {
+                limit,
+                window_ms,
+                sub_buckets,
+                ban_ms: 0,
+            },
+        )
+    }
+
+    /// Bans a key for `ban` after a breach (seed 003, scenario 2): once refused it is refused until the ban
+    /// ends, whatever the window says.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] naming `ban` when it is not a whole number of milliseconds, or when
+    /// the rule cannot ban (a token bucket or leaky bucket).
+    pub fn with_ban(mut self, ban: Duration) -> Result<Self, crate::Error> {
+        let ms = whole_ms(ban, "ban").map_err(invalid)?;
+        match &mut self.algorithm {
+            Algorithm::FixedWindow { ban_ms, .. }
+            | Algorithm::SlidingLog { ban_ms, .. }
+            | Algorithm::SlidingWindow { ban_ms, .. } => *ban_ms = ms,
+            other => return Err(invalid(("ban", format!("{} rules cannot ban", other.name())))),
+        }
+        Ok(self)
+    }
+
+    fn named(name: impl Into<String>, algorithm: Algorithm) -> Result<Self, crate::Error> {
+        let name = name.into();
+        check_name(&name).map_err(invalid)?;
+        Ok(Self {
+            name,
+            algorithm,
             fail_mode: None,
         })
     }
@@ -161,17 +268,10 @@ impl Rule {
     /// [`crate::Error::InvalidArgument`] when the rule is not a token bucket, `min_batch` is 0,
     /// `max_batch < min_batch`, `max_batch` exceeds the capacity, or `ttl` is zero.
     pub fn with_lease(mut self, lease: Lease) -> Result<Self, crate::Error> {
-        let Algorithm::TokenBucket {
-            bucket,
-            lease: slot,
-        } = &mut self.algorithm
-        else {
+        let Algorithm::TokenBucket { bucket, lease: slot } = &mut self.algorithm else {
             return Err(crate::Error::InvalidArgument {
                 name: "lease",
-                reason: format!(
-                    "only token_bucket rules lease, not {}",
-                    self.algorithm.name()
-                ),
+                reason: format!("only token_bucket rules lease, not {}", self.algorithm.name()),
             });
         };
         validate_lease(&lease, bucket.capacity)
@@ -195,6 +295,63 @@ impl Rule {
     }
 }
 
+fn invalid((name, reason): (&'static str, String)) -> crate::Error {
+    crate::Error::InvalidArgument { name, reason }
+}
+
+/// A rule name is non-empty and holds no braces (it sits inside the key's hash tag).
+pub(crate) fn check_name(name: &str) -> Result<(), (&'static str, String)> {
+    if name.is_empty() || name.contains(['{', '}']) {
+        return Err(("name", "must be non-empty and hold no `{` or `}`".into()));
+    }
+    Ok(())
+}
+
+fn window_params(limit: u64, window: Duration) -> Result<(u64, u64), crate::Error> {
+    if limit == 0 {
+        return Err(invalid(("limit", "must be at least 1".into())));
+    }
+    Ok((limit, whole_ms(window, "window").map_err(invalid)?))
+}
+
+/// Sub-buckets divide the window, 1 to 1000 of them.
+pub(crate) fn check_sub_buckets(window_ms: u64, sub_buckets: u64) -> Result<(), (&'static str, String)> {
+    if sub_buckets == 0 || sub_buckets > 1000 || !window_ms.is_multiple_of(sub_buckets) {
+        return Err((
+            "sub_buckets",
+            format!("must divide the window ({window_ms} ms) and be 1 to 1000"),
+        ));
+    }
+    Ok(())
+}
+
+/// `+08:00`, `-05:30`, `Z` → offset east of UTC in milliseconds.
+pub(crate) fn parse_utc_offset(s: &str) -> Result<i64, (&'static str, String)> {
+    let bad = || {
+        (
+            "utc_offset",
+            format!("`{s}` is not an offset like \"+08:00\" or \"-05:30\""),
+        )
+    };
+    if s == "Z" || s == "UTC" {
+        return Ok(0);
+    }
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'+') => (1, &s[1..]),
+        Some(b'-') => (-1, &s[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    if h.len() != 2 || m.len() != 2 {
+        return Err(bad());
+    }
+    let (h, m): (i64, i64) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    if !(0..=14).contains(&h) || !(0..=59).contains(&m) {
+        return Err(bad());
+    }
+    Ok(sign * (h * 3_600_000 + m * 60_000))
+}
+
 /// Checks token-bucket parameters; the error names the field.
 pub(crate) fn token_bucket_params(
     capacity: u64,
@@ -205,11 +362,7 @@ pub(crate) fn token_bucket_params(
         return Err(("capacity", "must be at least 1 token".into()));
     }
     let per_ms = whole_ms(per, "per")?;
-    let bucket = TokenBucket {
-        capacity,
-        rate,
-        per_ms,
-    };
+    let bucket = TokenBucket { capacity, rate, per_ms };
     if !bucket.is_exact_in_lua() {
         return Err((
             "capacity",
@@ -255,4 +408,19 @@ pub(crate) fn validate_lease(lease: &Lease, capacity: u64) -> Result<(), (&'stat
         return Err(("lease.ttl", "must be longer than zero".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_utc_offset;
+
+    #[test]
+    fn utc_offsets() {
+        assert_eq!(parse_utc_offset("+08:00"), Ok(28_800_000));
+        assert_eq!(parse_utc_offset("-05:30"), Ok(-19_800_000));
+        assert_eq!(parse_utc_offset("Z"), Ok(0));
+        assert!(parse_utc_offset("8").is_err());
+        assert!(parse_utc_offset("+8:00").is_err());
+        assert!(parse_utc_offset("+25:00").is_err());
+    }
 }

@@ -46,29 +46,15 @@ pub fn describe() {
         DECISIONS_TOTAL,
         "Rate-limit decisions by rule, outcome and where they were made"
     );
-    describe_counter!(
-        LEASES_TOTAL,
-        "Lease calls to the shared bucket by rule and result"
-    );
+    describe_counter!(LEASES_TOTAL, "Lease calls to the shared bucket by rule and result");
     describe_counter!(LEASED_TOKENS_TOTAL, "Tokens leased from the shared bucket");
     describe_counter!(RETURNED_TOKENS_TOTAL, "Leased tokens given back unused");
-    describe_gauge!(
-        OUTSTANDING_TOKENS,
-        "Tokens leased and not yet spent or returned"
-    );
-    describe_histogram!(
-        REDIS_DURATION_SECONDS,
-        Unit::Seconds,
-        "Store script call latency"
-    );
+    describe_gauge!(OUTSTANDING_TOKENS, "Tokens leased and not yet spent or returned");
+    describe_histogram!(REDIS_DURATION_SECONDS, Unit::Seconds, "Store script call latency");
     describe_counter!(REDIS_ERRORS_TOTAL, "Failed store script calls by kind");
     describe_gauge!(LOCAL_KEYS, "Keys held in the local lease cache");
     describe_gauge!(QUEUE_DEPTH, "Callers waiting in a queue");
-    describe_histogram!(
-        QUEUE_WAIT_SECONDS,
-        Unit::Seconds,
-        "Time callers waited in a queue"
-    );
+    describe_histogram!(QUEUE_WAIT_SECONDS, Unit::Seconds, "Time callers waited in a queue");
 }
 
 /// Where a decision was made: the `source` label.

@@ -6,8 +6,7 @@ use tokenlease::{Algorithm, Config, FailMode};
 
 #[test]
 fn the_shipped_config_is_valid() {
-    let config = Config::from_path(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
-        .expect("config.toml");
+    let config = Config::from_path(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).expect("config.toml");
     let redis = config.redis.as_ref().expect("[redis]");
     assert_eq!(redis.timeout, Duration::from_millis(5));
     assert_eq!(config.fail_mode, FailMode::Local);
@@ -67,10 +66,7 @@ fn each_bad_file_gives_a_clear_error() {
     for (text, expected) in BAD {
         let err = Config::from_toml(text).expect_err(text).to_string();
         for part in *expected {
-            assert!(
-                err.contains(part),
-                "error for\n{text}\nis `{err}`, missing `{part}`"
-            );
+            assert!(err.contains(part), "error for\n{text}\nis `{err}`, missing `{part}`");
         }
     }
 }
@@ -79,8 +75,11 @@ fn each_bad_file_gives_a_clear_error() {
 fn errors_from_a_file_name_the_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrate = 1\nper = \"1s\"\n")
-        .expect("write");
+    std::fs::write(
+        &path,
+        "[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrate = 1\nper = \"1s\"\n",
+    )
+    .expect("write");
     let err = Config::from_path(&path).expect_err("invalid").to_string();
     assert!(err.starts_with(&format!("{}:1:", path.display())), "{err}");
     let missing = Config::from_path(dir.path().join("missing.toml"))
@@ -104,19 +103,12 @@ fn check_config_command_reports_the_error_and_fails() {
         .expect("run");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("timeout") && stderr.contains(":3"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("timeout") && stderr.contains(":3"), "{stderr}");
     let ok = std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
         .arg("check-config")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
         .output()
         .expect("run");
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("rule sku_buy: token_bucket"));
 }

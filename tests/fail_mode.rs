@@ -74,19 +74,13 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
         assert_eq!(d.source, Source::Fallback);
         allowed += u32::from(d.allowed);
     }
-    assert_eq!(
-        allowed, 2,
-        "the local share of a capacity of 8 over 4 processes"
-    );
+    assert_eq!(allowed, 2, "the local share of a capacity of 8 over 4 processes");
     // A leased key spends what it already holds, then refuses (closed) once a lease fails.
     let mut leased_allowed = 0;
     for _ in 0..50 {
         leased_allowed += u32::from(timed(&l, "leased_closed", "k").await.allowed);
     }
-    assert!(
-        leased_allowed < 10,
-        "only the tokens already leased: {leased_allowed}"
-    );
+    assert!(leased_allowed < 10, "only the tokens already leased: {leased_allowed}");
 
     server.restart();
     // Recovers by itself: the connection manager reconnects; the fallback back-off is 100 ms.
@@ -100,11 +94,7 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        sources.last(),
-        Some(&Source::Redis),
-        "never recovered: {sources:?}"
-    );
+    assert_eq!(sources.last(), Some(&Source::Redis), "never recovered: {sources:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let d = timed(&l, "leased_closed", "k2").await;

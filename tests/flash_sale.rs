@@ -40,23 +40,14 @@ fn three_processes_admit_at_most_the_bound_and_nearly_all_of_it() {
     let admitted = report["admitted"].as_f64().expect("admitted");
     let bound = report["bound"].as_f64().expect("bound");
     assert_eq!(report["processes"], 3);
-    assert!(
-        report["store"].as_str().expect("store").contains(&url),
-        "{report}"
-    );
-    assert!(
-        admitted <= bound,
-        "admitted {admitted} > bound {bound}: {report}"
-    );
+    assert!(report["store"].as_str().expect("store").contains(&url), "{report}");
+    assert!(admitted <= bound, "admitted {admitted} > bound {bound}: {report}");
     assert!(
         admitted >= 0.9 * bound,
         "admitted {admitted} < 90 % of bound {bound}: {report}"
     );
     let calls = report["redis_calls"].as_f64().expect("calls");
-    assert!(
-        calls / admitted < 0.05,
-        "{calls} Redis calls for {admitted} admitted"
-    );
+    assert!(calls / admitted < 0.05, "{calls} Redis calls for {admitted} admitted");
     for field in [
         "span_s",
         "capacity",
@@ -113,9 +104,6 @@ fn without_redis_it_runs_on_the_in_process_store() {
         report["processes"], 1,
         "the in-process store runs in one process: {report}"
     );
-    assert!(report["store"]
-        .as_str()
-        .expect("store")
-        .contains("in-process"));
+    assert!(report["store"].as_str().expect("store").contains("in-process"));
     assert!(report["admitted"].as_f64().expect("a") <= report["bound"].as_f64().expect("b"));
 }

@@ -9,11 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokenlease::{Clock, FakeClock, Lease, Limiter, RedisStore, Rule, Source};
 
-fn redis_limiter(
-    server: &common::RedisServer,
-    rule: Rule,
-    clock: Option<Arc<dyn Clock>>,
-) -> Limiter {
+fn redis_limiter(server: &common::RedisServer, rule: Rule, clock: Option<Arc<dyn Clock>>) -> Limiter {
     let store = RedisStore::connect(&server.url(), Duration::from_secs(1)).expect("store");
     let mut b = Limiter::builder()
         .rule(rule)
@@ -148,10 +144,7 @@ async fn shutdown_gives_every_leased_token_back() {
     }
     // A batch is capped at half of a process's share: 100 / (2 × 2 expected processes) = 25.
     for key in ["a", "b", "c"] {
-        assert_eq!(
-            redis_tokens(&server, &limiter.store_key("sd", key), 100, 3_600_000),
-            75
-        );
+        assert_eq!(redis_tokens(&server, &limiter.store_key("sd", key), 100, 3_600_000), 75);
     }
     limiter.shutdown().await;
     for key in ["a", "b", "c"] {
@@ -199,10 +192,7 @@ async fn a_refused_hot_key_is_refused_locally() {
         refused += u64::from(d.source == Source::Local);
     }
     let calls = server.script_calls() - before;
-    assert!(
-        calls <= 3,
-        "Redis saw {calls} script calls for 10 000 refusals"
-    );
+    assert!(calls <= 3, "Redis saw {calls} script calls for 10 000 refusals");
     assert_eq!(refused, 10_000);
     limiter.shutdown().await;
 }
@@ -222,13 +212,7 @@ async fn a_hot_key_costs_redis_a_call_per_batch() {
     let limiter = redis_limiter(&server, rule, None);
     let before = server.script_calls();
     for _ in 0..20_000 {
-        assert!(
-            limiter
-                .check("batch", "sku", 1)
-                .await
-                .expect("check")
-                .allowed
-        );
+        assert!(limiter.check("batch", "sku", 1).await.expect("check").allowed);
     }
     let calls = server.script_calls() - before;
     assert!(calls <= 60, "{calls} Redis calls for 20 000 admissions");

@@ -103,17 +103,12 @@ async fn decisions_leases_and_redis_latency_are_recorded() {
             &[("rule", "sku"), ("result", "refused")]
         ) >= 1
     );
-    assert_eq!(
-        counter(&snap, "tokenlease_leased_tokens_total", &[("rule", "sku")]),
-        10
-    );
+    assert_eq!(counter(&snap, "tokenlease_leased_tokens_total", &[("rule", "sku")]), 10);
     assert!(histogram_samples(&snap, "tokenlease_redis_duration_seconds", "token_bucket") >= 6);
     // No label carries a key.
     for (key, ..) in &snap {
         assert!(
-            key.key()
-                .labels()
-                .all(|l| l.value() != "a" && l.value() != "u1"),
+            key.key().labels().all(|l| l.value() != "a" && l.value() != "u1"),
             "{key:?}"
         );
     }
@@ -139,18 +134,10 @@ async fn redis_errors_are_counted_by_kind() {
     let d = limiter.check("post", "u", 1).await.expect("a decision");
     assert_eq!(d.source, tokenlease::Source::Fallback);
     let snap = snap.snapshot().into_vec();
-    let errors = counter(
-        &snap,
-        "tokenlease_redis_errors_total",
-        &[("script", "token_bucket")],
-    );
+    let errors = counter(&snap, "tokenlease_redis_errors_total", &[("script", "token_bucket")]);
     assert_eq!(errors, 1, "{snap:#?}");
     assert_eq!(
-        counter(
-            &snap,
-            "tokenlease_decisions_total",
-            &[("source", "fallback")]
-        ),
+        counter(&snap, "tokenlease_decisions_total", &[("source", "fallback")]),
         1
     );
 }

@@ -20,13 +20,7 @@ fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> 
     }
 }
 
-fn take(
-    key: &str,
-    (capacity, rate, per_ms): (i64, i64, i64),
-    min: i64,
-    max: i64,
-    now: u64,
-) -> Call {
+fn take(key: &str, (capacity, rate, per_ms): (i64, i64, i64), min: i64, max: i64, now: u64) -> Call {
     Call::new(
         Script::TokenBucket,
         vec![key.into()],
@@ -54,24 +48,15 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             "a token due at a millisecond is granted at it: 9 per minute gives 3 at exactly 20 s",
             vec![
                 (take(&k("a"), nine_per_minute, 9, 9, 0), r(9, 0, 0, 60_000)),
-                (
-                    take(&k("a"), nine_per_minute, 3, 3, 19_999),
-                    r(0, 2, 1, 40_001),
-                ),
-                (
-                    take(&k("a"), nine_per_minute, 3, 3, 20_000),
-                    r(3, 0, 0, 60_000),
-                ),
+                (take(&k("a"), nine_per_minute, 3, 3, 19_999), r(0, 2, 1, 40_001)),
+                (take(&k("a"), nine_per_minute, 3, 3, 20_000), r(3, 0, 0, 60_000)),
             ],
         ),
         (
             "refill is capped at the capacity",
             vec![
                 (take(&k("b"), (5, 1, 1_000), 1, 1, 0), r(1, 4, 0, 1_000)),
-                (
-                    take(&k("b"), (5, 1, 1_000), 1, 1, 100_000),
-                    r(1, 4, 0, 1_000),
-                ),
+                (take(&k("b"), (5, 1, 1_000), 1, 1, 100_000), r(1, 4, 0, 1_000)),
             ],
         ),
         (
@@ -79,10 +64,7 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             vec![
                 (take(&k("c"), ten_per_10s, 1, 10, 0), r(10, 0, 0, 10_000)),
                 (take(&k("c"), ten_per_10s, 2, 5, 3_000), r(3, 0, 0, 10_000)),
-                (
-                    take(&k("c"), ten_per_10s, 2, 5, 4_000),
-                    r(0, 1, 1_000, 9_000),
-                ),
+                (take(&k("c"), ten_per_10s, 2, 5, 4_000), r(0, 1, 1_000, 9_000)),
                 (take(&k("c"), ten_per_10s, 2, 5, 4_999), r(0, 1, 1, 8_001)),
                 (take(&k("c"), ten_per_10s, 2, 5, 5_000), r(2, 0, 0, 10_000)),
             ],
@@ -114,27 +96,15 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             "rate 0 is a stock that never refills",
             vec![
                 (take(&k("g"), (3, 0, 1_000), 2, 2, 0), r(2, 1, 0, -1)),
-                (
-                    take(&k("g"), (3, 0, 1_000), 2, 2, 1_000_000_000),
-                    r(0, 1, -1, -1),
-                ),
-                (
-                    take(&k("g"), (3, 0, 1_000), 1, 1, 1_000_000_001),
-                    r(1, 0, 0, -1),
-                ),
+                (take(&k("g"), (3, 0, 1_000), 2, 2, 1_000_000_000), r(0, 1, -1, -1)),
+                (take(&k("g"), (3, 0, 1_000), 1, 1, 1_000_000_001), r(1, 0, 0, -1)),
             ],
         ),
         (
             "a clock that steps back does not refill",
             vec![
-                (
-                    take(&k("h"), ten_per_10s, 10, 10, 50_000),
-                    r(10, 0, 0, 10_000),
-                ),
-                (
-                    take(&k("h"), ten_per_10s, 1, 1, 40_000),
-                    r(0, 0, 1_000, 10_000),
-                ),
+                (take(&k("h"), ten_per_10s, 10, 10, 50_000), r(10, 0, 0, 10_000)),
+                (take(&k("h"), ten_per_10s, 1, 1, 40_000), r(0, 0, 1_000, 10_000)),
                 (take(&k("h"), ten_per_10s, 1, 1, 51_000), r(1, 0, 0, 10_000)),
             ],
         ),
@@ -142,13 +112,7 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             "a month per period with a large capacity stays exact",
             vec![
                 (
-                    take(
-                        &k("i"),
-                        (1_000_000, 1_000_000, 2_592_000_000),
-                        999_999,
-                        999_999,
-                        0,
-                    ),
+                    take(&k("i"), (1_000_000, 1_000_000, 2_592_000_000), 999_999, 999_999, 0),
                     r(999_999, 1, 0, 2_591_997_408),
                 ),
                 (
@@ -189,11 +153,7 @@ async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
     let server = common::RedisServer::start();
     let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
     // Real time: 1 token per 10 s; one taken, the key lives until it would be full again (10 s).
-    let call = Call::new(
-        Script::TokenBucket,
-        vec!["tl:{x:ttl}".into()],
-        vec![5, 1, 10_000, 1, 1],
-    );
+    let call = Call::new(Script::TokenBucket, vec!["tl:{x:ttl}".into()], vec![5, 1, 10_000, 1, 1]);
     assert_eq!(store.run(&call).await.expect("take").granted, 1);
     let pttl: i64 = server
         .cmd(&["PTTL", "tl:{x:ttl}"])
@@ -209,10 +169,7 @@ async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
         vec![5, 0, 1_000, 1, 1],
     );
     assert_eq!(store.run(&stock).await.expect("take").granted, 1);
-    assert_eq!(
-        server.cmd(&["PTTL", "tl:{x:stock}"]).expect("pttl").trim(),
-        "-1"
-    );
+    assert_eq!(server.cmd(&["PTTL", "tl:{x:stock}"]).expect("pttl").trim(), "-1");
 }
 
 /// A pseudo-random sequence of takes and returns gives identical replies on both stores.
@@ -241,12 +198,7 @@ async fn redis_and_memory_agree_on_a_random_sequence() {
         let key = format!("tl:{{r:{cap}:{rate}:{per}}}");
         now += next(2_000);
         let call = if next(4) == 0 {
-            give(
-                &key,
-                (cap, rate, per),
-                i64::try_from(next(10)).expect("n"),
-                now,
-            )
+            give(&key, (cap, rate, per), i64::try_from(next(10)).expect("n"), now)
         } else {
             let min = 1 + i64::try_from(next(u64::try_from(cap).expect("cap"))).expect("min");
             take(
@@ -266,8 +218,7 @@ async fn redis_and_memory_agree_on_a_random_sequence() {
 #[tokio::test]
 async fn bad_arguments_are_errors_on_both_stores() {
     let server = common::RedisServer::start();
-    let redis: Arc<dyn Store> =
-        Arc::new(RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store"));
+    let redis: Arc<dyn Store> = Arc::new(RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store"));
     let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
     for store in [redis, memory] {
         for args in [

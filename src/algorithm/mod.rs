@@ -5,8 +5,10 @@
 //! mirror it line for line, so one test table runs against both stores.
 
 pub mod token_bucket;
+pub mod window;
 
 pub use token_bucket::{TokenBucket, TokenBucketState};
+pub use window::{Ban, FixedWindow, SlidingLog, SlidingWindow, WindowCount};
 
 /// The reply every algorithm (and every Lua script) gives: `{ granted, remaining, retry_after_ms, reset_after_ms }`.
 ///

@@ -37,13 +37,8 @@ impl TokenBucket {
 
     /// Whether every quantity stays exact in Lua's doubles (capacity × per_ms below 2^53).
     pub fn is_exact_in_lua(&self) -> bool {
-        self.capacity
-            .checked_mul(self.per_ms)
-            .is_some_and(|v| v < MAX_EXACT)
-            && self
-                .rate
-                .checked_mul(self.per_ms)
-                .is_some_and(|v| v < MAX_EXACT)
+        self.capacity.checked_mul(self.per_ms).is_some_and(|v| v < MAX_EXACT)
+            && self.rate.checked_mul(self.per_ms).is_some_and(|v| v < MAX_EXACT)
     }
 
     /// The state at `now_ms`: a missing bucket is full, then the refill since the last timestamp, capped.

@@ -6,15 +6,22 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::{arg, bad_args, BoxFuture, Call, Script, Store};
-use crate::algorithm::{Reply, TokenBucket, TokenBucketState};
+use crate::algorithm::window::{Log, SubBuckets};
+use crate::algorithm::{
+    Ban, FixedWindow, Reply, SlidingLog, SlidingWindow, TokenBucket, TokenBucketState, WindowCount,
+};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::StoreError;
 use crate::telemetry::Source;
 
-/// Per-key state of the in-process store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Per-key state of the in-process store. The ban lives beside the window (Redis keeps it in a second key
+/// of the same hash tag): one entry, one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     TokenBucket(TokenBucketState),
+    SlidingLog(Log, Ban),
+    FixedWindow(WindowCount, Ban),
+    SlidingWindow(SubBuckets, Ban),
 }
 
 /// Rate-limit state in a [`DashMap`], one entry per key; each call holds its key's shard lock, so calls on a
@@ -76,24 +83,87 @@ impl MemoryStore {
                 if call.script == Script::TokenBucket && (a == 0 || b < a) {
                     return Err(bad_args(call, "need 1 <= min <= max"));
                 }
-                let apply = |state: Option<TokenBucketState>| match call.script {
-                    Script::TokenBucket => bucket.take(state, a, b, now),
-                    _ => bucket.give_back(state, a, now),
-                };
-                Ok(self.update(key, |state| {
-                    let old = state.map(|State::TokenBucket(s)| s);
-                    let (new, reply) = apply(old);
+                self.update(key, |state| {
+                    let old = match state {
+                        Some(State::TokenBucket(s)) => Some(s),
+                        _ => None,
+                    };
+                    let (new, reply) = match call.script {
+                        Script::TokenBucket => bucket.take(old, a, b, now),
+                        _ => bucket.give_back(old, a, now),
+                    };
                     (new.map(State::TokenBucket), reply)
-                }))
+                })
+            }
+            Script::SlidingLog => {
+                let (window_ms, limit, cost, ban_ms) = window_args(call, 0, 1, 2, 3)?;
+                let algo = SlidingLog { limit, window_ms };
+                self.update(key, |state| {
+                    let (mut log, mut ban) = match state {
+                        Some(State::SlidingLog(log, ban)) => (log, ban),
+                        _ => Default::default(),
+                    };
+                    let reply = algo.take(&mut log, &mut ban, cost, ban_ms, now);
+                    let keep = !log.is_empty() || ban.until_ms > now;
+                    (keep.then_some(State::SlidingLog(log, ban)), reply)
+                })
+            }
+            Script::FixedWindow => {
+                let (window_ms, limit, cost, ban_ms) = window_args(call, 0, 1, 2, 3)?;
+                let align = call
+                    .args
+                    .get(4)
+                    .copied()
+                    .ok_or_else(|| bad_args(call, "align_ms missing"))?;
+                if align < -1 {
+                    return Err(bad_args(call, "align_ms must be -1 or at least 0"));
+                }
+                let algo = FixedWindow {
+                    limit,
+                    window_ms,
+                    align_ms: u64::try_from(align).ok(),
+                };
+                self.update(key, |state| {
+                    let (mut count, mut ban) = match state {
+                        Some(State::FixedWindow(count, ban)) => (count, ban),
+                        _ => Default::default(),
+                    };
+                    let reply = algo.take(&mut count, &mut ban, cost, ban_ms, now);
+                    (Some(State::FixedWindow(count, ban)), reply)
+                })
+            }
+            Script::SlidingWindow => {
+                let (window_ms, limit, cost, ban_ms) = window_args(call, 0, 2, 3, 4)?;
+                let sub_buckets = arg(call, 1)?;
+                if sub_buckets == 0 || window_ms < sub_buckets || window_ms % sub_buckets != 0 {
+                    return Err(bad_args(call, "sub_buckets must divide window_ms"));
+                }
+                let algo = SlidingWindow {
+                    limit,
+                    window_ms,
+                    sub_buckets,
+                };
+                self.update(key, |state| {
+                    let (mut subs, mut ban) = match state {
+                        Some(State::SlidingWindow(subs, ban)) => (subs, ban),
+                        _ => Default::default(),
+                    };
+                    let reply = algo.take(&mut subs, &mut ban, cost, ban_ms, now);
+                    let keep = !subs.is_empty() || ban.until_ms > now;
+                    (keep.then_some(State::SlidingWindow(subs, ban)), reply)
+                })
             }
         }
     }
 
     /// Applies `f` to the key's state under its shard lock; `None` removes the key.
-    fn update(&self, key: &str, f: impl FnOnce(Option<State>) -> (Option<State>, Reply)) -> Reply {
-        match self.map.entry(key.to_owned()) {
+    fn update(&self, key: &str, f: impl FnOnce(Option<State>) -> (Option<State>, Reply)) -> Result<Reply, StoreError> {
+        Ok(match self.map.entry(key.to_owned()) {
             dashmap::Entry::Occupied(mut e) => {
-                let (new, reply) = f(Some(*e.get()));
+                let (new, reply) = f(Some(std::mem::replace(
+                    e.get_mut(),
+                    State::TokenBucket(TokenBucketState { level: 0, ts_ms: 0 }),
+                )));
                 match new {
                     Some(s) => *e.get_mut() = s,
                     None => {
@@ -109,8 +179,17 @@ impl MemoryStore {
                 }
                 reply
             }
-        }
+        })
     }
+}
+
+/// `(window_ms, limit, cost, ban_ms)` from the given argument positions, checked.
+fn window_args(call: &Call, w: usize, l: usize, c: usize, b: usize) -> Result<(u64, u64, u64, u64), StoreError> {
+    let (window_ms, limit, cost, ban_ms) = (arg(call, w)?, arg(call, l)?, arg(call, c)?, arg(call, b)?);
+    if window_ms == 0 || limit == 0 || cost == 0 {
+        return Err(bad_args(call, "window_ms, limit and cost must be at least 1"));
+    }
+    Ok((window_ms, limit, cost, ban_ms))
 }
 
 impl Store for MemoryStore {

@@ -26,6 +26,12 @@ pub enum Script {
     TokenBucket,
     /// `token_return.lua`: KEYS bucket; ARGV capacity, rate, per_ms, tokens.
     TokenReturn,
+    /// `sliding_log.lua`: KEYS log, ban; ARGV window_ms, limit, cost, member, ban_ms.
+    SlidingLog,
+    /// `fixed_window.lua`: KEYS counter, ban; ARGV window_ms, limit, cost, ban_ms, align_ms (−1 = rolling).
+    FixedWindow,
+    /// `sliding_window.lua`: KEYS counter, ban; ARGV window_ms, sub_buckets, limit, cost, ban_ms.
+    SlidingWindow,
 }
 
 impl Script {
@@ -34,11 +40,20 @@ impl Script {
         match self {
             Self::TokenBucket => "token_bucket",
             Self::TokenReturn => "token_return",
+            Self::SlidingLog => "sliding_log",
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingWindow => "sliding_window",
         }
     }
 
-    /// Every script.
-    pub const ALL: [Script; 2] = [Self::TokenBucket, Self::TokenReturn];
+    /// Every script, in declaration order.
+    pub const ALL: [Script; 5] = [
+        Self::TokenBucket,
+        Self::TokenReturn,
+        Self::SlidingLog,
+        Self::FixedWindow,
+        Self::SlidingWindow,
+    ];
 }
 
 /// One script call: which script, its keys (all sharing one hash tag) and its integer arguments.
@@ -50,6 +65,8 @@ pub struct Call {
     pub keys: Vec<String>,
     /// `ARGV`, in the script's order, without `now_ms`.
     pub args: Vec<i64>,
+    /// The unique member of a sliding-log call (`ARGV[4]` of `sliding_log.lua`).
+    pub member: Option<String>,
     /// The optional trailing `now_ms`: `None` lets the store read its own clock (Redis `TIME`).
     pub now_ms: Option<u64>,
     /// A timeout for this call instead of the store's own.
@@ -63,9 +80,16 @@ impl Call {
             script,
             keys,
             args,
+            member: None,
             now_ms: None,
             timeout: None,
         }
+    }
+
+    /// Sets the unique member of a sliding-log call.
+    pub fn with_member(mut self, member: impl Into<String>) -> Self {
+        self.member = Some(member.into());
+        self
     }
 
     /// The same call replayed at `now_ms` (tests).

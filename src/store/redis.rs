@@ -11,16 +11,12 @@ use crate::algorithm::Reply;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::{ScriptMetrics, Source};
 
-static TOKEN_BUCKET: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/token_bucket.lua")));
-static TOKEN_RETURN: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/token_return.lua")));
+/// Every script, hashed once (`EVALSHA` by hash, `EVAL` and reload on `NOSCRIPT`).
+static SCRIPTS: LazyLock<[redis::Script; Script::ALL.len()]> =
+    LazyLock::new(|| Script::ALL.map(|s| redis::Script::new(script_source(s))));
 
 fn script(s: Script) -> &'static redis::Script {
-    match s {
-        Script::TokenBucket => &TOKEN_BUCKET,
-        Script::TokenReturn => &TOKEN_RETURN,
-    }
+    &SCRIPTS[s as usize]
 }
 
 /// The source text of a script of `lua/`, for services in other languages that run them themselves.
@@ -28,6 +24,9 @@ pub fn script_source(s: Script) -> &'static str {
     match s {
         Script::TokenBucket => include_str!("../../lua/token_bucket.lua"),
         Script::TokenReturn => include_str!("../../lua/token_return.lua"),
+        Script::SlidingLog => include_str!("../../lua/sliding_log.lua"),
+        Script::FixedWindow => include_str!("../../lua/fixed_window.lua"),
+        Script::SlidingWindow => include_str!("../../lua/sliding_window.lua"),
     }
 }
 
@@ -73,21 +72,12 @@ impl RedisStore {
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
             // The connection's own limit only backs up the per-call timeouts below; it must not cut a lease
             // short (a lease timed out after Redis granted it strands its tokens), so it is the longest.
-            .set_response_timeout(Some(
-                timeout.saturating_mul(10).max(Duration::from_millis(100)),
-            ))
+            .set_response_timeout(Some(timeout.saturating_mul(10).max(Duration::from_millis(100))))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(err)?;
-        let metrics = Script::ALL
-            .iter()
-            .map(|s| ScriptMetrics::new(s.name()))
-            .collect();
-        Ok(Self {
-            conn,
-            timeout,
-            metrics,
-        })
+        let metrics = Script::ALL.iter().map(|s| ScriptMetrics::new(s.name())).collect();
+        Ok(Self { conn, timeout, metrics })
     }
 
     /// The timeout of every call.
@@ -101,7 +91,11 @@ impl RedisStore {
         for key in &call.keys {
             invocation.key(key);
         }
-        for arg in &call.args {
+        for (i, arg) in call.args.iter().enumerate() {
+            // sliding_log.lua takes its unique member as ARGV[4], between the integers.
+            if i == 3 && call.script == Script::SlidingLog {
+                invocation.arg(call.member.as_deref().unwrap_or(""));
+            }
             invocation.arg(*arg);
         }
         if let Some(now) = call.now_ms {
@@ -111,8 +105,7 @@ impl RedisStore {
         let metrics = self.metrics.get(call.script as usize);
         let started = Instant::now();
         let timeout = call.timeout.unwrap_or(self.timeout);
-        let result =
-            tokio::time::timeout(timeout, invocation.invoke_async::<Vec<i64>>(&mut conn)).await;
+        let result = tokio::time::timeout(timeout, invocation.invoke_async::<Vec<i64>>(&mut conn)).await;
         if let Some(m) = metrics {
             m.duration.record(started.elapsed().as_secs_f64());
         }

@@ -23,21 +23,25 @@ impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> Self {
         let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let mut server = Self {
-            port,
-            child: None,
-            dir,
-        };
+        let mut server = Self { port, child: None, dir };
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -47,19 +51,12 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if self
-                .cmd(&["PING"])
-                .map(|s| s.contains("PONG"))
-                .unwrap_or(false)
-            {
+            if self.cmd(&["PING"]).map(|s| s.contains("PONG")).unwrap_or(false) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!(
-            "redis-server on port {} did not answer within 10 s",
-            self.port
-        );
+        panic!("redis-server on port {} did not answer within 10 s", self.port);
     }
 
     pub fn url(&self) -> String {

@@ -115,9 +115,7 @@ fn pick_rule(config: &Config, name: Option<&str>) -> Result<Rule, String> {
             .iter()
             .find(|r| matches!(r.algorithm, Algorithm::TokenBucket { .. }) && r.lease().is_some())
             .cloned()
-            .ok_or_else(|| {
-                "the config has no token_bucket rule with a lease; name one with --rule".into()
-            }),
+            .ok_or_else(|| "the config has no token_bucket rule with a lease; name one with --rule".into()),
     }
 }
 
@@ -138,10 +136,7 @@ impl Drop for PrivateRedis {
 
 fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
+    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
 
 fn start_private_redis(rt: &tokio::runtime::Runtime) -> Option<PrivateRedis> {
@@ -257,15 +252,10 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     let progress = indicatif::ProgressBar::new(args.duration.as_secs().max(1));
     progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     progress.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} flash sale {elapsed}/{len}s [{bar:30}] {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template("{spinner} flash sale {elapsed}/{len}s [{bar:30}] {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    progress.set_message(format!(
-        "{processes} processes × {} tasks on {store_desc}",
-        args.tasks
-    ));
+    progress.set_message(format!("{processes} processes × {} tasks on {store_desc}", args.tasks));
 
     let reports: Vec<Report> = if url.is_none() {
         let ticker = spawn_ticker(&rt, progress.clone(), start_at_ms);
@@ -294,10 +284,7 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
             if !out.status.success() {
                 return Err(format!("a worker failed ({}): {line}", out.status));
             }
-            reports.push(
-                serde_json::from_str(line)
-                    .map_err(|e| format!("bad worker report `{line}`: {e}"))?,
-            );
+            reports.push(serde_json::from_str(line).map_err(|e| format!("bad worker report `{line}`: {e}"))?);
         }
         ticker.abort();
         reports
@@ -325,13 +312,9 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
             total.first_us = total.first_us.min(r.first_us);
             total.last_us = total.last_us.max(r.last_us);
         }
-        hist.add(decode_histogram(&r.histogram)?)
-            .map_err(|e| e.to_string())?;
+        hist.add(decode_histogram(&r.histogram)?).map_err(|e| e.to_string())?;
     }
-    let span_s = total
-        .last_us
-        .saturating_sub(total.first_us.min(total.last_us)) as f64
-        / 1e6;
+    let span_s = total.last_us.saturating_sub(total.first_us.min(total.last_us)) as f64 / 1e6;
     let rate_per_s = bucket.rate as f64 * 1000.0 / bucket.per_ms as f64;
     let bound = bucket.capacity as f64 + rate_per_s * (span_s + lease_ttl_s);
     let decisions_per_s = if span_s > 0.0 {
@@ -419,11 +402,7 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         });
         println!("{json}");
     }
-    Ok(if within {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(if within { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn spawn_ticker(
@@ -459,10 +438,7 @@ pub fn worker(spec: &str) -> Result<ExitCode, String> {
     let spec: Spec = serde_json::from_str(spec).map_err(|e| format!("bad --spec: {e}"))?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let report = rt.block_on(run_worker(spec))?;
-    println!(
-        "{}",
-        serde_json::to_string(&report).map_err(|e| e.to_string())?
-    );
+    println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     Ok(ExitCode::SUCCESS)
 }
 

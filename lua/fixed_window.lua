@@ -1,0 +1,72 @@
+-- fixed_window.lua — fixed window counter: at most `limit` tokens per window; rolling or calendar-aligned.
+-- Seeds 001/002/004 (INCR + EXPIRE) and 003 (a daily quota reset at midnight), with the window start kept as a
+-- timestamp so replays with now_ms work, and a ban after a breach.
+--
+-- KEYS[1]  the counter (a hash: start = ms the window opened, count = tokens granted in it)
+-- KEYS[2]  the ban (a string: ms until which the key is banned)
+-- ARGV[1]  window_ms  integer ≥ 1
+-- ARGV[2]  limit      tokens per window, integer ≥ 1
+-- ARGV[3]  cost       tokens asked, integer ≥ 1
+-- ARGV[4]  ban_ms     after a refusal, refuse the key this long (0 = no ban)
+-- ARGV[5]  align_ms   -1: rolling, the first hit opens the window; ≥ 0: calendar windows start where
+--                     (now_ms + align_ms) is a multiple of window_ms (local midnight in UTC+08:00: 86400000, 28800000)
+-- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used
+--
+-- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
+--   retry_after_ms  0 when granted; else ms until the window ends (the ban's rest when banned); -1 when cost > limit
+--   reset_after_ms  ms until the window ends (0 when no window is open)
+-- Mirrors src/algorithm/fixed_window.rs.
+
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local ban_ms = tonumber(ARGV[4])
+local align = tonumber(ARGV[5])
+local now = tonumber(ARGV[6])
+if not (window and limit and cost and ban_ms and align) or window < 1 or limit < 1 or cost < 1 or ban_ms < 0 or align < -1 then
+  return redis.error_reply('ERR fixed_window: bad arguments (window_ms, limit, cost, ban_ms, align_ms)')
+end
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function int(x) return string.format('%.0f', x) end
+
+local state = redis.call('HMGET', KEYS[1], 'start', 'count')
+local start, count = tonumber(state[1]), tonumber(state[2]) or 0
+if align >= 0 then
+  local s = math.floor((now + align) / window) * window - align
+  if start ~= s then start, count = s, 0 end
+elseif start == nil or now >= start + window or now < start then
+  start, count = now, 0
+end
+local ends_in = start + window - now
+
+local banned_until = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if banned_until > now then
+  local left = limit - count
+  if left < 0 then left = 0 end
+  local reset_after = banned_until - now
+  if count > 0 and ends_in > reset_after then reset_after = ends_in end
+  return { 0, left, banned_until - now, reset_after }
+end
+
+if count + cost <= limit then
+  count = count + cost
+  redis.call('HSET', KEYS[1], 'start', int(start), 'count', int(count))
+  redis.call('PEXPIRE', KEYS[1], int(ends_in))
+  return { cost, limit - count, 0, ends_in }
+end
+
+local retry_after = ends_in
+if cost > limit then retry_after = -1 end
+local reset_after = 0
+if count > 0 then reset_after = ends_in end
+if ban_ms > 0 then
+  redis.call('SET', KEYS[2], int(now + ban_ms), 'PX', int(ban_ms))
+  retry_after = ban_ms
+  if reset_after < ban_ms then reset_after = ban_ms end
+end
+local left = limit - count
+if left < 0 then left = 0 end
+return { 0, left, retry_after, reset_after }

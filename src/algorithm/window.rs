@@ -1,0 +1,255 @@
+//! Window algorithms and the ban (mirrored by `lua/sliding_log.lua`, `lua/fixed_window.lua`,
+//! `lua/sliding_window.lua`): seeds 000–004's per-user limits, exact and atomic.
+//!
+//! Each `take` works on the in-process form of the state (the Redis form is a ZSET, a hash of start and
+//! count, a hash of sub-bucket counters) and gives the same [`Reply`] as its script, to the millisecond.
+
+use std::collections::VecDeque;
+
+use super::{ms, Reply, NEVER};
+
+/// A ban (seed 003): after a refusal the key is refused until `until_ms`, whatever its window says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ban {
+    /// Milliseconds until which the key is refused (0: not banned).
+    pub until_ms: u64,
+}
+
+impl Ban {
+    /// The ban's rest at `now_ms`, `None` when not banned.
+    fn left(&self, now_ms: u64) -> Option<u64> {
+        (self.until_ms > now_ms).then(|| self.until_ms - now_ms)
+    }
+
+    /// Bans for `ban_ms` from `now_ms` (no-op when `ban_ms` is 0); returns the new retry_after.
+    fn breach(&mut self, ban_ms: u64, now_ms: u64, retry_after_ms: i64) -> i64 {
+        if ban_ms == 0 {
+            return retry_after_ms;
+        }
+        self.until_ms = now_ms.saturating_add(ban_ms);
+        ms(ban_ms)
+    }
+}
+
+/// The reply to a banned key: nothing granted, retry when the ban ends.
+fn banned(left: u64, remaining: u64, reset_after_ms: u64) -> Reply {
+    Reply {
+        granted: 0,
+        remaining,
+        retry_after_ms: ms(left),
+        reset_after_ms: ms(reset_after_ms.max(left)),
+    }
+}
+
+/// Sliding-window log: at most `limit` tokens granted in any window `(now − window_ms, now]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlidingLog {
+    /// Tokens per window (≥ 1).
+    pub limit: u64,
+    /// Window length in milliseconds (≥ 1).
+    pub window_ms: u64,
+}
+
+/// The log: `(grant time in ms, tokens)`, oldest first.
+pub type Log = VecDeque<(u64, u64)>;
+
+impl SlidingLog {
+    /// Takes `cost` tokens at `now_ms` when the window has room; refused attempts are not recorded.
+    /// A refusal bans the key for `ban_ms` (0 = no ban).
+    pub fn take(&self, log: &mut Log, ban: &mut Ban, cost: u64, ban_ms: u64, now_ms: u64) -> Reply {
+        while log
+            .front()
+            .is_some_and(|(t, _)| t.saturating_add(self.window_ms) <= now_ms)
+        {
+            log.pop_front();
+        }
+        let count: u64 = log.iter().map(|(_, n)| n).sum();
+        let reset_after = log.back().map_or(0, |(t, _)| t + self.window_ms - now_ms);
+        let remaining = self.limit.saturating_sub(count);
+        if let Some(left) = ban.left(now_ms) {
+            return banned(left, remaining, reset_after);
+        }
+        if count + cost <= self.limit {
+            log.push_back((now_ms, cost));
+            return Reply {
+                granted: cost,
+                remaining: self.limit - count - cost,
+                retry_after_ms: 0,
+                reset_after_ms: ms(self.window_ms),
+            };
+        }
+        let mut retry_after = NEVER;
+        if cost <= self.limit {
+            // The (count + cost − limit)-th oldest grant must leave the window.
+            let mut need = count + cost - self.limit;
+            for (t, n) in log.iter() {
+                if *n >= need {
+                    retry_after = ms(t + self.window_ms - now_ms);
+                    break;
+                }
+                need -= n;
+            }
+        }
+        let retry_after = ban.breach(ban_ms, now_ms, retry_after);
+        let reset_after = if ban_ms > 0 {
+            reset_after.max(ban_ms)
+        } else {
+            reset_after
+        };
+        Reply {
+            granted: 0,
+            remaining,
+            retry_after_ms: retry_after,
+            reset_after_ms: ms(reset_after),
+        }
+    }
+}
+
+/// Fixed window counter: at most `limit` tokens per window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedWindow {
+    /// Tokens per window (≥ 1).
+    pub limit: u64,
+    /// Window length in milliseconds (≥ 1).
+    pub window_ms: u64,
+    /// `None`: rolling (the first hit opens the window); `Some(a)`: windows start where `now + a` is a multiple
+    /// of the window.
+    pub align_ms: Option<u64>,
+}
+
+/// A fixed window's state: when it opened and what it granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WindowCount {
+    /// Milliseconds at which the window opened (may be negative for an aligned window before the epoch).
+    pub start_ms: Option<i64>,
+    /// Tokens granted in it.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// Takes `cost` tokens at `now_ms` when the current window has room. A refusal bans for `ban_ms`.
+    pub fn take(&self, state: &mut WindowCount, ban: &mut Ban, cost: u64, ban_ms: u64, now_ms: u64) -> Reply {
+        let (now, w) = (ms(now_ms), ms(self.window_ms));
+        match self.align_ms {
+            Some(align) => {
+                let a = ms(align);
+                let start = (now + a).div_euclid(w) * w - a;
+                if state.start_ms != Some(start) {
+                    *state = WindowCount {
+                        start_ms: Some(start),
+                        count: 0,
+                    };
+                }
+            }
+            None => {
+                let fresh = state.start_ms.is_none_or(|s| now >= s + w || now < s);
+                if fresh {
+                    *state = WindowCount {
+                        start_ms: Some(now),
+                        count: 0,
+                    };
+                }
+            }
+        }
+        let ends_in = u64::try_from(state.start_ms.unwrap_or(now) + w - now).unwrap_or(0);
+        let remaining = self.limit.saturating_sub(state.count);
+        if let Some(left) = ban.left(now_ms) {
+            let reset = if state.count > 0 { ends_in } else { 0 };
+            return banned(left, remaining, reset);
+        }
+        if state.count + cost <= self.limit {
+            state.count += cost;
+            return Reply {
+                granted: cost,
+                remaining: self.limit - state.count,
+                retry_after_ms: 0,
+                reset_after_ms: ms(ends_in),
+            };
+        }
+        let retry_after = if cost > self.limit { NEVER } else { ms(ends_in) };
+        let reset_after = if state.count > 0 { ends_in } else { 0 };
+        let retry_after = ban.breach(ban_ms, now_ms, retry_after);
+        let reset_after = if ban_ms > 0 {
+            reset_after.max(ban_ms)
+        } else {
+            reset_after
+        };
+        Reply {
+            granted: 0,
+            remaining,
+            retry_after_ms: retry_after,
+            reset_after_ms: ms(reset_after),
+        }
+    }
+}
+
+/// Sliding-window counter (seed 004): at most `limit` tokens in the last `sub_buckets` sub-buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlidingWindow {
+    /// Tokens per window (≥ 1).
+    pub limit: u64,
+    /// Window length in milliseconds, a multiple of `sub_buckets`.
+    pub window_ms: u64,
+    /// Sub-buckets per window (≥ 1).
+    pub sub_buckets: u64,
+}
+
+/// Sub-bucket counters: `(index = floor(ms / sub_ms), tokens)`, oldest first.
+pub type SubBuckets = VecDeque<(u64, u64)>;
+
+impl SlidingWindow {
+    /// Takes `cost` tokens at `now_ms` when the last `sub_buckets` sub-buckets have room. A refusal bans for
+    /// `ban_ms`.
+    pub fn take(&self, subs: &mut SubBuckets, ban: &mut Ban, cost: u64, ban_ms: u64, now_ms: u64) -> Reply {
+        let n = self.sub_buckets;
+        let sub = self.window_ms / n;
+        let cur = now_ms / sub;
+        subs.retain(|(i, _)| i + n > cur);
+        let live = || subs.iter().filter(|(i, _)| *i <= cur);
+        let count: u64 = live().map(|(_, c)| c).sum();
+        let reset_after = live().map(|(i, _)| *i).max().map_or(0, |i| (i + n) * sub - now_ms);
+        let remaining = self.limit.saturating_sub(count);
+        if let Some(left) = ban.left(now_ms) {
+            return banned(left, remaining, reset_after);
+        }
+        let until_cur_leaves = (cur + n) * sub - now_ms;
+        if count + cost <= self.limit {
+            match subs.iter_mut().find(|(i, _)| *i == cur) {
+                Some((_, c)) => *c += cost,
+                None => {
+                    subs.push_back((cur, cost));
+                    subs.make_contiguous().sort_unstable();
+                }
+            }
+            return Reply {
+                granted: cost,
+                remaining: self.limit - count - cost,
+                retry_after_ms: 0,
+                reset_after_ms: ms(until_cur_leaves),
+            };
+        }
+        let mut retry_after = NEVER;
+        if cost <= self.limit {
+            let mut need = count + cost - self.limit;
+            for (i, c) in live() {
+                if *c >= need {
+                    retry_after = ms((i + n) * sub - now_ms);
+                    break;
+                }
+                need -= c;
+            }
+        }
+        let retry_after = ban.breach(ban_ms, now_ms, retry_after);
+        let reset_after = if ban_ms > 0 {
+            reset_after.max(ban_ms)
+        } else {
+            reset_after
+        };
+        Reply {
+            granted: 0,
+            remaining,
+            retry_after_ms: retry_after,
+            reset_after_ms: ms(reset_after),
+        }
+    }
+}
