@@ -5,50 +5,14 @@
 //! - `lease_refill/batch=N`: decisions on a leased key over Redis where every N decisions need a new lease.
 //! - `local_lease_hit_contended`: two threads on one hot key.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenlease::{Lease, Limiter, RedisStore, Rule};
 
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn redis_server() -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server must be installed to benchmark the Redis paths");
-    let server = Server(child, port);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(50));
-    server
-}
+mod support;
+use support::redis_server;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -123,7 +87,7 @@ fn local_lease_hit_contended(c: &mut Criterion) {
 fn redis_paths(c: &mut Criterion) {
     let server = redis_server();
     let rt = runtime();
-    let url = format!("redis://127.0.0.1:{}", server.1);
+    let url = server.url();
     let build = |rule: Rule| {
         let _runtime = rt.enter();
         let store = RedisStore::connect(&url, Duration::from_secs(1)).expect("store");

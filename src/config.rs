@@ -173,7 +173,7 @@ enum Reset {
     Minute,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLease {
     #[serde(default = "one")]
@@ -187,7 +187,7 @@ fn one() -> u64 {
     1
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRule {
     name: String,
@@ -208,6 +208,41 @@ struct RawRule {
     #[serde(default, with = "humantime_serde")]
     max_wait: Option<Duration>,
     fail_mode: Option<FailMode>,
+    #[serde(default, rename = "override")]
+    overrides: Vec<RawOverride>,
+}
+
+/// `[[rule.override]]`: other limits for keys matching `pattern`; the algorithm stays the rule's.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverride {
+    pattern: String,
+    capacity: Option<u64>,
+    rate: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    per: Option<Duration>,
+    lease: Option<RawLease>,
+    limit: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    window: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    ban: Option<Duration>,
+    sub_buckets: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    max_wait: Option<Duration>,
+}
+
+impl RawOverride {
+    /// The rule's fields with this override's on top.
+    fn merged(&self, base: &RawRule) -> RawRule {
+        let mut r = base.clone();
+        r.overrides = Vec::new();
+        macro_rules! take {
+            ($($f:ident),*) => { $( if self.$f.is_some() { r.$f = self.$f.clone(); } )* };
+        }
+        take!(capacity, rate, per, lease, limit, window, ban, sub_buckets, max_wait);
+        r
+    }
 }
 
 impl Config {
@@ -357,6 +392,20 @@ fn positive(v: u64, field: &'static str) -> Result<u64, FieldError> {
 }
 
 fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
+    let overrides = r.overrides.clone();
+    let mut rule = build_base(r.clone())?;
+    for o in &overrides {
+        let in_override = |(field, message): FieldError| (field, format!("in override `{}`: {message}", o.pattern));
+        let limits = build_base(o.merged(&r)).map_err(in_override)?;
+        rule = rule.with_override(o.pattern.clone(), limits).map_err(|e| match e {
+            crate::Error::InvalidArgument { name, reason } => (name, reason),
+            other => ("override", other.to_string()),
+        })?;
+    }
+    Ok(rule)
+}
+
+fn build_base(r: RawRule) -> Result<Rule, FieldError> {
     let name = r.algorithm;
     let algo = match name {
         AlgorithmName::TokenBucket => "token_bucket",
@@ -482,5 +531,6 @@ fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
         name: r.name,
         algorithm,
         fail_mode: r.fail_mode,
+        overrides: Vec::new(),
     })
 }

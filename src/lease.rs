@@ -58,6 +58,10 @@ pub(crate) struct LeasePlan {
 pub(crate) struct LocalBucket {
     /// The store key (`{prefix}:{rule:key}`), built once.
     pub store_key: String,
+    /// The shared bucket's parameters for this key (the rule's, or a matching override's).
+    pub bucket: TokenBucket,
+    /// The lease settings for this key.
+    pub lease: Lease,
     /// Tokens that may be spent now.
     available: AtomicU64,
     /// Earliest deadline of a batch holding tokens; [`NEVER_NS`] when none.
@@ -95,9 +99,11 @@ pub(crate) enum Local {
 }
 
 impl LocalBucket {
-    pub(crate) fn new(store_key: String, lease: &Lease, now_ns: u64) -> Self {
+    pub(crate) fn new(store_key: String, bucket: TokenBucket, lease: Lease, now_ns: u64) -> Self {
         Self {
             store_key,
+            bucket,
+            lease,
             available: AtomicU64::new(0),
             next_deadline_ns: AtomicU64::new(NEVER_NS),
             exhausted_until_ns: AtomicU64::new(0),
@@ -351,7 +357,16 @@ mod tests {
 
     #[test]
     fn expiry_gives_back_only_what_older_batches_left() {
-        let b = LocalBucket::new("k".into(), &lease(), 0);
+        let b = LocalBucket::new(
+            "k".into(),
+            TokenBucket {
+                capacity: 1000,
+                rate: 1,
+                per_ms: 1000,
+            },
+            lease(),
+            0,
+        );
         let plan = b.plan(&lease(), 1000, 1, 0);
         let bucket = TokenBucket {
             capacity: 1000,
@@ -379,7 +394,16 @@ mod tests {
 
     #[test]
     fn a_refusal_is_cached_until_retry_after() {
-        let b = LocalBucket::new("k".into(), &lease(), 0);
+        let b = LocalBucket::new(
+            "k".into(),
+            TokenBucket {
+                capacity: 1000,
+                rate: 1,
+                per_ms: 1000,
+            },
+            lease(),
+            0,
+        );
         b.refused(50, 0, 0, 100);
         assert_eq!(b.try_take(1, 120), Local::Exhausted { retry_after_ns: 30 });
         assert_eq!(b.try_take(1, 150), Local::Empty);

@@ -409,9 +409,13 @@ impl Limiter {
     }
 
     async fn decide(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Decision, Error> {
-        let decision = match &compiled.rule.algorithm {
-            Algorithm::TokenBucket { lease: Some(lease), .. } => self.check_leased(compiled, lease, key, cost).await,
-            _ => self.check_store(compiled, key, cost).await?,
+        let algorithm = compiled.rule.algorithm_for(key);
+        let decision = match algorithm {
+            Algorithm::TokenBucket {
+                bucket,
+                lease: Some(lease),
+            } => self.check_leased(compiled, bucket, lease, key, cost).await,
+            _ => self.check_store(compiled, algorithm, key, cost).await?,
         };
         compiled.metrics.decision(decision.allowed, decision.source);
         Ok(decision)
@@ -563,7 +567,7 @@ impl Limiter {
                 reason: "must be at least 1 token".into(),
             });
         }
-        let capacity = compiled.rule.algorithm.capacity();
+        let capacity = compiled.rule.algorithm_for(key).capacity();
         if cost > capacity {
             return Err(Error::CostAboveCapacity {
                 rule: compiled.rule.name.clone(),
@@ -617,20 +621,23 @@ impl Limiter {
         self.inner.store.run(call).await
     }
 
-    async fn check_store(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<Decision, Error> {
+    async fn check_store(
+        &self,
+        compiled: &Compiled,
+        algorithm: &Algorithm,
+        key: &str,
+        cost: u64,
+    ) -> Result<Decision, Error> {
         let store_key = self.store_key(&compiled.rule.name, key);
-        let Some(call) = self.call_for(&compiled.rule.algorithm, &store_key, cost, 1) else {
+        let Some(call) = self.call_for(algorithm, &store_key, cost, 1) else {
             return Err(Error::InvalidArgument {
                 name: "rule",
-                reason: format!(
-                    "algorithm {} is not available in this version",
-                    compiled.rule.algorithm.name()
-                ),
+                reason: format!("algorithm {} is not available in this version", algorithm.name()),
             });
         };
         match self.run(&call).await {
             Ok(reply) => Ok(Decision::from_reply(&reply, cost, self.inner.store.source())),
-            Err(e) => Ok(self.fallback(compiled, &store_key, cost, &e)),
+            Err(e) => Ok(self.fallback(compiled, algorithm, &store_key, cost, &e)),
         }
     }
 
@@ -699,7 +706,14 @@ impl Limiter {
     }
 
     /// Decides by the rule's `fail_mode` after a store failure.
-    fn fallback(&self, compiled: &Compiled, store_key: &str, cost: u64, error: &StoreError) -> Decision {
+    fn fallback(
+        &self,
+        compiled: &Compiled,
+        algorithm: &Algorithm,
+        store_key: &str,
+        cost: u64,
+        error: &StoreError,
+    ) -> Decision {
         tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
         let decision = |allowed: bool, retry_after: Duration| Decision {
             allowed,
@@ -713,7 +727,7 @@ impl Limiter {
             FailMode::Closed => decision(false, self.inner.backoff),
             FailMode::Local => {
                 let share = self.inner.expected_processes;
-                let call = self.call_for(&compiled.rule.algorithm, store_key, cost, share);
+                let call = self.call_for(algorithm, store_key, cost, share);
                 match call.map(|c| self.inner.fallback.run_sync(&c)) {
                     Some(Ok(reply)) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
                         Decision::from_reply(&reply, cost, Source::Fallback)
@@ -724,7 +738,14 @@ impl Limiter {
         }
     }
 
-    async fn check_leased(&self, compiled: &Arc<Compiled>, lease: &Lease, key: &str, cost: u64) -> Decision {
+    async fn check_leased(
+        &self,
+        compiled: &Arc<Compiled>,
+        bucket: &TokenBucket,
+        lease: &Lease,
+        key: &str,
+        cost: u64,
+    ) -> Decision {
         let local = match compiled.local.get(key) {
             Some(b) => b.clone(),
             None => {
@@ -733,7 +754,7 @@ impl Limiter {
                 compiled
                     .local
                     .entry(key.to_owned())
-                    .or_insert_with(|| Arc::new(LocalBucket::new(store_key, lease, now)))
+                    .or_insert_with(|| Arc::new(LocalBucket::new(store_key, *bucket, *lease, now)))
                     .clone()
             }
         };
@@ -749,7 +770,7 @@ impl Limiter {
             }
             if local.is_failing(now) {
                 let error = StoreError::timeout("token_bucket", self.inner.lease_wait);
-                return self.fallback(compiled, &local.store_key, cost, &error);
+                return self.fallback(compiled, &unleased(bucket), &local.store_key, cost, &error);
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
@@ -776,7 +797,7 @@ impl Limiter {
                 // The store is slow: the next callers decide by fail_mode at once while the lease goes on.
                 local.failed(self.inner.backoff, clock.now_ns());
                 let error = StoreError::timeout("token_bucket", self.inner.lease_wait);
-                return self.fallback(compiled, &local.store_key, cost, &error);
+                return self.fallback(compiled, &unleased(bucket), &local.store_key, cost, &error);
             }
         }
     }
@@ -797,14 +818,7 @@ impl Limiter {
     }
 
     async fn lease(&self, compiled: &Compiled, local: &LocalBucket, cost: u64) {
-        let Algorithm::TokenBucket {
-            bucket,
-            lease: Some(lease),
-        } = &compiled.rule.algorithm
-        else {
-            local.finish_lease();
-            return;
-        };
+        let (bucket, lease) = (&local.bucket, &local.lease);
         let clock = &self.inner.clock;
         let sent = clock.now_ns();
         // At most half of this process's share of the burst at once, so the others get theirs.
@@ -850,23 +864,20 @@ impl Limiter {
     }
 
     /// Expires the key's overdue tokens and gives them back in the background.
-    fn expire(&self, compiled: &Arc<Compiled>, local: &LocalBucket, now: u64) {
+    fn expire(&self, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, now: u64) {
         let n = local.expire(now);
         if n > 0 {
             let this = self.clone();
-            let compiled = compiled.clone();
-            let key = local.store_key.clone();
+            let (compiled, local) = (compiled.clone(), local.clone());
             self.inner
                 .tracker
-                .spawn(async move { this.give_back(&compiled, &key, n).await });
+                .spawn(async move { this.give_back(&compiled, &local, n).await });
         }
     }
 
     /// Gives `n` unused tokens back to the shared bucket (capped at its capacity by the script).
-    async fn give_back(&self, compiled: &Compiled, store_key: &str, n: u64) {
-        let Algorithm::TokenBucket { bucket, .. } = &compiled.rule.algorithm else {
-            return;
-        };
+    async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, n: u64) {
+        let (bucket, store_key) = (&local.bucket, &local.store_key);
         let args = vec![
             as_arg(bucket.capacity),
             as_arg(bucket.rate),
@@ -934,7 +945,7 @@ impl Limiter {
                     let compiled = compiled.clone();
                     self.inner
                         .tracker
-                        .spawn(async move { this.give_back(&compiled, &local.store_key, tokens).await });
+                        .spawn(async move { this.give_back(&compiled, &local, tokens).await });
                 }
             }
         }
@@ -954,8 +965,8 @@ impl Limiter {
                 if tokens > 0 {
                     let this = self.clone();
                     let compiled = compiled.clone();
-                    let key = entry.store_key.clone();
-                    returns.spawn(async move { this.give_back(&compiled, &key, tokens).await });
+                    let local = entry.value().clone();
+                    returns.spawn(async move { this.give_back(&compiled, &local, tokens).await });
                 }
             }
             compiled.local.clear();
@@ -969,6 +980,14 @@ fn clock_seed() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
+}
+
+/// A leased bucket's algorithm without its lease: what the fail mode runs in its stead.
+fn unleased(bucket: &TokenBucket) -> Algorithm {
+    Algorithm::TokenBucket {
+        bucket: *bucket,
+        lease: None,
+    }
 }
 
 fn as_arg(v: u64) -> i64 {

@@ -127,6 +127,54 @@ pub struct Rule {
     pub algorithm: Algorithm,
     /// Overrides the limiter's `fail_mode` for this rule.
     pub fail_mode: Option<FailMode>,
+    /// Other limits for keys matching a pattern, most specific first.
+    pub overrides: Vec<Override>,
+}
+
+/// Other limits for the keys that match `pattern` (VIP users, a partner's API key): same algorithm, other numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Override {
+    /// A key pattern: `*` matches any run of characters (`vip:*`); without `*` it is an exact key.
+    pub pattern: String,
+    /// The limits for matching keys (the same algorithm as the rule's).
+    pub algorithm: Algorithm,
+}
+
+impl Override {
+    /// Whether `key` matches the pattern.
+    pub fn matches(&self, key: &str) -> bool {
+        glob(self.pattern.as_bytes(), key.as_bytes())
+    }
+
+    /// Exact keys first, then more literal characters first: the most specific match wins.
+    fn specificity(&self) -> (bool, usize) {
+        (
+            !self.pattern.contains('*'),
+            self.pattern.chars().filter(|c| *c != '*').count(),
+        )
+    }
+}
+
+/// `*`-only glob matching, iterative (no recursion on hostile patterns).
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|c| *c == b'*')
 }
 
 impl Rule {
@@ -147,6 +195,7 @@ impl Rule {
             name: name.into(),
             algorithm: Algorithm::TokenBucket { bucket, lease: None },
             fail_mode: None,
+            overrides: Vec::new(),
         })
     }
 
@@ -259,7 +308,50 @@ impl Rule {
             name,
             algorithm,
             fail_mode: None,
+            overrides: Vec::new(),
         })
+    }
+
+    /// Gives the keys matching `pattern` the limits of `limits` (a rule of the same algorithm; its name is not
+    /// used). The most specific matching override wins: an exact key, then the most literal characters.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] naming `override` when the algorithms differ, the pattern is empty,
+    /// or `limits` changes whether the rule leases.
+    pub fn with_override(mut self, pattern: impl Into<String>, limits: Rule) -> Result<Self, crate::Error> {
+        let pattern = pattern.into();
+        let bad = |reason: String| invalid(("override", reason));
+        if pattern.is_empty() {
+            return Err(bad("the pattern must not be empty".into()));
+        }
+        if std::mem::discriminant(&limits.algorithm) != std::mem::discriminant(&self.algorithm) {
+            return Err(bad(format!(
+                "`{pattern}` must keep the algorithm {} (got {})",
+                self.algorithm.name(),
+                limits.algorithm.name()
+            )));
+        }
+        if limits.lease().is_some() != self.lease().is_some() {
+            return Err(bad(format!("`{pattern}` must lease exactly when the rule does")));
+        }
+        self.overrides.push(Override {
+            pattern,
+            algorithm: limits.algorithm,
+        });
+        self.overrides.sort_by_key(|o| std::cmp::Reverse(o.specificity()));
+        Ok(self)
+    }
+
+    /// The limits for `key`: the most specific matching override's, or the rule's own.
+    #[inline]
+    pub fn algorithm_for(&self, key: &str) -> &Algorithm {
+        if self.overrides.is_empty() {
+            return &self.algorithm;
+        }
+        self.overrides
+            .iter()
+            .find(|o| o.matches(key))
+            .map_or(&self.algorithm, |o| &o.algorithm)
     }
 
     /// Leases batches of this token-bucket rule into the process.
@@ -413,6 +505,42 @@ pub(crate) fn validate_lease(lease: &Lease, capacity: u64) -> Result<(), (&'stat
 #[cfg(test)]
 mod tests {
     use super::parse_utc_offset;
+
+    #[test]
+    fn globs() {
+        use super::glob;
+        let cases = [
+            ("vip:*", "vip:7", true),
+            ("vip:*", "vi", false),
+            ("*", "", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b", "ab", true),
+            ("a*b", "abc", false),
+            ("key", "key", true),
+            ("key", "keys", false),
+        ];
+        for (p, t, m) in cases {
+            assert_eq!(glob(p.as_bytes(), t.as_bytes()), m, "{p} {t}");
+        }
+    }
+
+    #[test]
+    fn the_most_specific_override_wins() {
+        use std::time::Duration;
+        let rule = |limit| super::Rule::sliding_log("post", limit, Duration::from_secs(60)).unwrap();
+        let r = rule(10)
+            .with_override("vip:*", rule(100))
+            .unwrap()
+            .with_override("vip:gold:*", rule(1000))
+            .unwrap();
+        let r = r.with_override("vip:gold:42", rule(5)).unwrap();
+        assert_eq!(r.algorithm_for("user:1").capacity(), 10);
+        assert_eq!(r.algorithm_for("vip:1").capacity(), 100);
+        assert_eq!(r.algorithm_for("vip:gold:1").capacity(), 1000);
+        assert_eq!(r.algorithm_for("vip:gold:42").capacity(), 5);
+        let other = super::Rule::fixed_window("post", 1, Duration::from_secs(1)).unwrap();
+        assert!(rule(1).with_override("x", other).is_err());
+    }
 
     #[test]
     fn utc_offsets() {

@@ -112,3 +112,42 @@ fn check_config_command_reports_the_error_and_fails() {
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("rule sku_buy: token_bucket"));
 }
+
+#[test]
+fn overrides_give_matching_keys_other_limits_but_not_another_algorithm() {
+    let config = Config::from_toml(
+        r#"
+[[rule]]
+name = "post"
+algorithm = "sliding_log"
+limit = 10
+window = "1m"
+[[rule.override]]
+pattern = "vip:*"
+limit = 100
+[[rule.override]]
+pattern = "partner:acme"
+limit = 1000
+window = "1s"
+"#,
+    )
+    .expect("config");
+    let rule = config.rule("post").expect("post");
+    let limit = |key| rule.algorithm_for(key).capacity();
+    assert_eq!(
+        (limit("user:1"), limit("vip:1"), limit("partner:acme")),
+        (10, 100, 1000)
+    );
+
+    let err = Config::from_toml("[[rule]]\nname = \"p\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n[[rule.override]]\npattern = \"vip:*\"\nalgorithm = \"fixed_window\"\n")
+        .expect_err("an override cannot change the algorithm")
+        .to_string();
+    assert!(err.contains("unknown field `algorithm`"), "{err}");
+    let err = Config::from_toml("[[rule]]\nname = \"p\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n[[rule.override]]\npattern = \"vip:*\"\nlimit = 0\n")
+        .expect_err("limit 0")
+        .to_string();
+    assert!(
+        err.contains("`limit`") && err.contains("override `vip:*`") && err.contains(":1"),
+        "{err}"
+    );
+}

@@ -107,3 +107,33 @@ fn without_redis_it_runs_on_the_in_process_store() {
     assert!(report["store"].as_str().expect("store").contains("in-process"));
     assert!(report["admitted"].as_f64().expect("a") <= report["bound"].as_f64().expect("b"));
 }
+
+#[test]
+fn per_user_window_rules_run_too() {
+    let server = common::RedisServer::start();
+    let url = server.url();
+    // `like`: 10 per 10 s with a ban of an hour (the shipped config); 50 users beside the hot key.
+    let report = run(&[
+        "--rule",
+        "like",
+        "--users",
+        "50",
+        "--processes",
+        "2",
+        "--tasks",
+        "2",
+        "--duration",
+        "1s",
+        "--json",
+        "--redis",
+        &url,
+    ]);
+    let fallback = report["fallback"].as_u64().expect("fallback");
+    let admitted = report["admitted"].as_u64().expect("admitted");
+    assert!(admitted <= 10 + fallback, "{report}");
+    assert!(admitted >= 10, "{report}");
+    let users = report["user_admitted"].as_u64().expect("user_admitted");
+    assert!(users <= 50 * 10 + fallback, "{report}");
+    assert!(users > 0, "{report}");
+    assert_eq!(report["capacity"], 10);
+}

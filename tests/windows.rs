@@ -478,3 +478,30 @@ async fn costs_above_the_limit_and_bad_rules_are_errors() {
     let d = limiter.check("like", "u", 1).await.expect("check");
     assert!(!d.allowed && d.retry_after > Duration::from_secs(3500), "{d:?}");
 }
+
+#[tokio::test]
+async fn a_vip_override_applies_to_matching_keys_only() {
+    let base = Rule::fixed_window("post", 2, Duration::from_secs(60)).expect("rule");
+    let rule = base
+        .with_override(
+            "vip:*",
+            Rule::fixed_window("post", 5, Duration::from_secs(60)).expect("rule"),
+        )
+        .expect("override");
+    let limiter = Limiter::builder().rule(rule).build().expect("limiter");
+    let mut admitted = |key: &'static str| {
+        let limiter = limiter.clone();
+        async move {
+            let mut n = 0;
+            for _ in 0..10 {
+                n += u32::from(limiter.check("post", key, 1).await.expect("check").allowed);
+            }
+            n
+        }
+    };
+    assert_eq!(admitted("user:1").await, 2);
+    assert_eq!(admitted("vip:1").await, 5);
+    // The cost bound follows the override too.
+    assert!(limiter.check("post", "vip:2", 5).await.is_ok());
+    assert!(limiter.check("post", "user:2", 5).await.is_err());
+}

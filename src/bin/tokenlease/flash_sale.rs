@@ -47,6 +47,56 @@ pub struct Args {
     json: bool,
 }
 
+/// The rule's limits as the report states them, and the most it may admit on one key over a span.
+struct Limits {
+    /// Tokens: a bucket's capacity, a window's limit.
+    capacity: u64,
+    /// Tokens per second over the long run.
+    rate_per_s: f64,
+    lease_ttl_s: f64,
+    /// `None` for a token bucket; the window in seconds and the extra windows a span may touch otherwise.
+    window: Option<(f64, f64)>,
+}
+
+impl Limits {
+    fn of(algorithm: &Algorithm, no_lease: bool) -> Option<Self> {
+        let window = |limit: u64, window_ms: u64, extra: f64| Limits {
+            capacity: limit,
+            rate_per_s: limit as f64 * 1000.0 / window_ms as f64,
+            lease_ttl_s: 0.0,
+            window: Some((window_ms as f64 / 1000.0, extra)),
+        };
+        Some(match algorithm {
+            Algorithm::TokenBucket { bucket, lease } => Limits {
+                capacity: bucket.capacity,
+                rate_per_s: bucket.rate as f64 * 1000.0 / bucket.per_ms as f64,
+                lease_ttl_s: if no_lease {
+                    0.0
+                } else {
+                    lease.map_or(0.0, |l| l.ttl.as_secs_f64())
+                },
+                window: None,
+            },
+            // Any window-long span holds at most `limit`.
+            Algorithm::SlidingLog { limit, window_ms, .. } => window(*limit, *window_ms, 0.0),
+            // A span crosses one window boundary more than it holds windows.
+            Algorithm::FixedWindow { limit, window_ms, .. } => window(*limit, *window_ms, 1.0),
+            // The counter forgets a sub-bucket early: one more window's worth at worst.
+            Algorithm::SlidingWindow { limit, window_ms, .. } => window(*limit, *window_ms, 1.0),
+            _ => return None,
+        })
+    }
+
+    /// Invariant 1 for a token bucket: capacity + rate × (span + lease ttl); for a window rule:
+    /// limit × (⌈span / window⌉ + extra).
+    fn bound(&self, span_s: f64) -> f64 {
+        match self.window {
+            None => self.capacity as f64 + self.rate_per_s * (span_s + self.lease_ttl_s),
+            Some((w, extra)) => self.capacity as f64 * ((span_s / w).ceil().max(1.0) + extra),
+        }
+    }
+}
+
 /// What a worker is told to do.
 #[derive(Debug, Serialize, Deserialize)]
 struct Spec {
@@ -70,6 +120,8 @@ struct Report {
     admitted: u64,
     rejected: u64,
     errors: u64,
+    /// Decisions made by the rule's fail_mode because the store failed or timed out.
+    fallback: u64,
     user_attempts: u64,
     user_admitted: u64,
     redis_calls: u64,
@@ -187,18 +239,14 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let config = load_config(&args.config, args.redis.as_deref())?;
     let rule = pick_rule(&config, args.rule.as_deref())?;
-    let Algorithm::TokenBucket { bucket, lease } = &rule.algorithm else {
-        return Err(format!(
-            "rule `{}` is {}, flash-sale needs a token_bucket rule",
+    let limits = Limits::of(&rule.algorithm, args.no_lease).ok_or_else(|| {
+        format!(
+            "rule `{}` is {}: flash-sale runs token_bucket and window rules",
             rule.name,
             rule.algorithm.name()
-        ));
-    };
-    let lease_ttl_s = if args.no_lease {
-        0.0
-    } else {
-        lease.map_or(0.0, |l| l.ttl.as_secs_f64())
-    };
+        )
+    })?;
+    let lease_ttl_s = limits.lease_ttl_s;
     if args.processes == 0 || args.tasks == 0 {
         return Err("--processes and --tasks must be at least 1".into());
     }
@@ -303,6 +351,7 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         total.admitted += r.admitted;
         total.rejected += r.rejected;
         total.errors += r.errors;
+        total.fallback += r.fallback;
         total.user_attempts += r.user_attempts;
         total.user_admitted += r.user_admitted;
         total.redis_calls += r.redis_calls;
@@ -315,8 +364,7 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         hist.add(decode_histogram(&r.histogram)?).map_err(|e| e.to_string())?;
     }
     let span_s = total.last_us.saturating_sub(total.first_us.min(total.last_us)) as f64 / 1e6;
-    let rate_per_s = bucket.rate as f64 * 1000.0 / bucket.per_ms as f64;
-    let bound = bucket.capacity as f64 + rate_per_s * (span_s + lease_ttl_s);
+    let (rate_per_s, bound) = (limits.rate_per_s, limits.bound(span_s));
     let decisions_per_s = if span_s > 0.0 {
         (total.attempts + total.user_attempts) as f64 / span_s
     } else {
@@ -328,17 +376,17 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     println!(
         "flash sale on rule `{}` ({}), store: {store_desc}",
         rule.name,
-        if args.no_lease {
-            "no lease: one store call per decision"
-        } else {
+        if rule.lease().is_some() && !args.no_lease {
             "leased"
+        } else {
+            "one store call per decision"
         }
     );
     println!("  processes × tasks     {processes} × {}", args.tasks);
     println!("  span                  {span_s:.3} s");
     println!(
         "  capacity, rate        {} tokens, {rate_per_s} /s (lease ttl {lease_ttl_s} s)",
-        bucket.capacity
+        limits.capacity
     );
     println!("  attempts              {}", total.attempts);
     println!(
@@ -347,6 +395,12 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         100.0 * total.admitted as f64 / bound
     );
     println!("  rejected              {}", total.rejected);
+    if total.fallback > 0 {
+        println!(
+            "  decided by fail_mode  {} (the store failed or timed out)",
+            total.fallback
+        );
+    }
     if total.errors > 0 {
         println!("  errors                {}", total.errors);
     }
@@ -384,13 +438,14 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
             "processes": processes,
             "tasks": args.tasks,
             "span_s": span_s,
-            "capacity": bucket.capacity,
+            "capacity": limits.capacity,
             "rate_per_s": rate_per_s,
             "lease_ttl_s": lease_ttl_s,
             "attempts": total.attempts,
             "admitted": total.admitted,
             "rejected": total.rejected,
             "errors": total.errors,
+            "fallback": total.fallback,
             "user_attempts": total.user_attempts,
             "user_admitted": total.user_admitted,
             "bound": bound,
@@ -478,6 +533,7 @@ async fn run_worker(spec: Spec) -> Result<Report, String> {
         report.admitted += r.admitted;
         report.rejected += r.rejected;
         report.errors += r.errors;
+        report.fallback += r.fallback;
         report.user_attempts += r.user_attempts;
         report.user_admitted += r.user_admitted;
         report.first_us = report.first_us.min(r.first_us);
@@ -525,8 +581,11 @@ async fn run_task(
         }
         r.attempts += 1;
         match limiter.check(&spec.rule, &spec.key, 1).await {
-            Ok(d) if d.allowed => r.admitted += 1,
-            Ok(_) => r.rejected += 1,
+            Ok(d) => {
+                r.admitted += u64::from(d.allowed);
+                r.rejected += u64::from(!d.allowed);
+                r.fallback += u64::from(d.source == tokenlease::Source::Fallback);
+            }
             Err(_) => r.errors += 1,
         }
         let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
