@@ -489,7 +489,7 @@ async fn a_vip_override_applies_to_matching_keys_only() {
         )
         .expect("override");
     let limiter = Limiter::builder().rule(rule).build().expect("limiter");
-    let mut admitted = |key: &'static str| {
+    let admitted = |key: &'static str| {
         let limiter = limiter.clone();
         async move {
             let mut n = 0;
