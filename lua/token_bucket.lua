@@ -8,6 +8,12 @@
 -- ARGV[5]  max        tokens, integer ≥ min: grant at most this many (the batch of a lease)
 -- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
 --
+-- With a second key, the rule bans after a breach (seed 003):
+-- KEYS[2]  the ban (a string: ms until which the key is banned)
+-- ARGV[6]  ban_ms     after a refusal, refuse the key this long
+-- ARGV[7]  now_ms     optional, as above
+-- A banned key is refused with retry_after_ms = the ban's rest.
+--
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         tokens granted: 0, or between min and max
 --   remaining       whole tokens left after this call
@@ -32,8 +38,9 @@ local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local min = tonumber(ARGV[4])
 local max = tonumber(ARGV[5])
-local now = tonumber(ARGV[6])
-if not (capacity and rate and per and min and max) or capacity < 1 or rate < 0 or per < 1 or min < 1 or max < min then
+local ban_key, ban_ms, now = KEYS[2], 0, tonumber(ARGV[6])
+if ban_key then ban_ms, now = tonumber(ARGV[6]), tonumber(ARGV[7]) end
+if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or rate < 0 or per < 1 or min < 1 or max < min or ban_ms < 0 then
   return redis.error_reply('ERR token_bucket: bad arguments (capacity, rate, per_ms, min, max)')
 end
 if not now then
@@ -55,6 +62,19 @@ else
   if level > full then level = full end
 end
 
+local function reset_after_of(l)
+  if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
+end
+local function at_least(reset, ms) if reset == -1 or reset >= ms then return reset end return ms end
+
+if ban_key then
+  local banned_until = tonumber(redis.call('GET', ban_key) or '0') or 0
+  if banned_until > now then
+    local left = banned_until - now
+    return { 0, idiv(level, per), left, at_least(reset_after_of(level), left) }
+  end
+end
+
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)
 if min > capacity then
@@ -69,9 +89,11 @@ else
   retry_after = cdiv(min * per - level, rate)
 end
 
-local reset_after = 0
-if level < full then
-  if rate == 0 then reset_after = -1 else reset_after = cdiv(full - level, rate) end
+local reset_after = reset_after_of(level)
+if granted == 0 and ban_ms > 0 then
+  redis.call('SET', ban_key, int(now + ban_ms), 'PX', int(ban_ms))
+  retry_after = ban_ms
+  reset_after = at_least(reset_after, ban_ms)
 end
 
 if granted > 0 then

@@ -417,7 +417,7 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
     check_name(&r.name)?;
     // Fields that belong to other algorithms are errors, not silently ignored.
     let allowed: &[&str] = match name {
-        AlgorithmName::TokenBucket => &["capacity", "rate", "per", "lease"],
+        AlgorithmName::TokenBucket => &["capacity", "rate", "per", "lease", "ban"],
         AlgorithmName::FixedWindow => &["limit", "window", "ban", "reset", "utc_offset"],
         AlgorithmName::SlidingLog => &["limit", "window", "ban"],
         AlgorithmName::SlidingWindow => &["limit", "window", "ban", "sub_buckets"],
@@ -462,7 +462,10 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
                     Some(lease)
                 }
             };
-            Algorithm::TokenBucket { bucket, lease }
+            if lease.is_some() && ban_ms > 0 {
+                return Err(("ban", rule::NO_BAN_WITH_LEASE.into()));
+            }
+            Algorithm::TokenBucket { bucket, lease, ban_ms }
         }
         AlgorithmName::FixedWindow => {
             let limit = positive(required(r.limit, "limit", algo)?, "limit")?;

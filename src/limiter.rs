@@ -414,6 +414,7 @@ impl Limiter {
             Algorithm::TokenBucket {
                 bucket,
                 lease: Some(lease),
+                ..
             } => self.check_leased(compiled, bucket, lease, key, cost).await,
             _ => self.check_store(compiled, algorithm, key, cost).await?,
         };
@@ -647,14 +648,19 @@ impl Limiter {
         let part = |limit: u64| as_arg((limit / share).max(1));
         let keys = || vec![store_key.to_owned(), format!("{store_key}:ban")];
         Some(match algorithm {
-            Algorithm::TokenBucket { bucket, .. } => {
+            Algorithm::TokenBucket { bucket, ban_ms, .. } => {
                 // rate / share per period is rate per (share × period): exact.
                 let b = TokenBucket {
                     capacity: (bucket.capacity / share).max(1),
                     rate: bucket.rate,
                     per_ms: bucket.per_ms.saturating_mul(share),
                 };
-                token_bucket_call(store_key, &b, cost, cost)
+                let mut call = token_bucket_call(store_key, &b, cost, cost);
+                if *ban_ms > 0 {
+                    call.keys = keys();
+                    call.args.push(as_arg(*ban_ms));
+                }
+                call
             }
             Algorithm::SlidingLog {
                 limit,
@@ -987,6 +993,7 @@ fn unleased(bucket: &TokenBucket) -> Algorithm {
     Algorithm::TokenBucket {
         bucket: *bucket,
         lease: None,
+        ban_ms: 0,
     }
 }
 

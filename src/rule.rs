@@ -49,6 +49,8 @@ pub enum Algorithm {
         bucket: TokenBucket,
         /// Batches leased into the process; `None` sends every call to the store.
         lease: Option<Lease>,
+        /// Ban after a refusal, in milliseconds (0 = none; only without a lease).
+        ban_ms: u64,
     },
     /// Fixed window counter (`lua/fixed_window.lua`): `limit` tokens per window.
     FixedWindow {
@@ -193,7 +195,11 @@ impl Rule {
             .map_err(|(name, reason)| crate::Error::InvalidArgument { name, reason })?;
         Ok(Self {
             name: name.into(),
-            algorithm: Algorithm::TokenBucket { bucket, lease: None },
+            algorithm: Algorithm::TokenBucket {
+                bucket,
+                lease: None,
+                ban_ms: 0,
+            },
             fail_mode: None,
             overrides: Vec::new(),
         })
@@ -289,11 +295,13 @@ impl Rule {
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] naming `ban` when it is not a whole number of milliseconds, or when
-    /// the rule cannot ban (a token bucket or leaky bucket).
+    /// the rule cannot ban (a leased token bucket, a leaky bucket).
     pub fn with_ban(mut self, ban: Duration) -> Result<Self, crate::Error> {
         let ms = whole_ms(ban, "ban").map_err(invalid)?;
         match &mut self.algorithm {
-            Algorithm::FixedWindow { ban_ms, .. }
+            Algorithm::TokenBucket { lease: Some(_), .. } => return Err(invalid(("ban", NO_BAN_WITH_LEASE.into()))),
+            Algorithm::TokenBucket { ban_ms, .. }
+            | Algorithm::FixedWindow { ban_ms, .. }
             | Algorithm::SlidingLog { ban_ms, .. }
             | Algorithm::SlidingWindow { ban_ms, .. } => *ban_ms = ms,
             other => return Err(invalid(("ban", format!("{} rules cannot ban", other.name())))),
@@ -360,7 +368,12 @@ impl Rule {
     /// [`crate::Error::InvalidArgument`] when the rule is not a token bucket, `min_batch` is 0,
     /// `max_batch < min_batch`, `max_batch` exceeds the capacity, or `ttl` is zero.
     pub fn with_lease(mut self, lease: Lease) -> Result<Self, crate::Error> {
-        let Algorithm::TokenBucket { bucket, lease: slot } = &mut self.algorithm else {
+        let Algorithm::TokenBucket {
+            bucket,
+            lease: slot,
+            ban_ms,
+        } = &mut self.algorithm
+        else {
             return Err(crate::Error::InvalidArgument {
                 name: "lease",
                 reason: format!("only token_bucket rules lease, not {}", self.algorithm.name()),
@@ -368,6 +381,9 @@ impl Rule {
         };
         validate_lease(&lease, bucket.capacity)
             .map_err(|(name, reason)| crate::Error::InvalidArgument { name, reason })?;
+        if *ban_ms > 0 {
+            return Err(invalid(("lease", NO_BAN_WITH_LEASE.into())));
+        }
         *slot = Some(lease);
         Ok(self)
     }
@@ -386,6 +402,10 @@ impl Rule {
         }
     }
 }
+
+/// Why a leased rule cannot ban.
+pub(crate) const NO_BAN_WITH_LEASE: &str =
+    "a leased rule cannot ban: its refusals are made from leases, not per call (drop `lease` to ban)";
 
 fn invalid((name, reason): (&'static str, String)) -> crate::Error {
     crate::Error::InvalidArgument { name, reason }

@@ -57,7 +57,8 @@ const BAD: &[(&str, &[&str])] = &[
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10000000000\nrate = 1\nper = \"1d\"\n", &["2^53"]),
     ("[[rule]]\nname = \"\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 1\nwindow = \"1s\"\nsub_buckets = 7\n", &["`sub_buckets`"]),
-    ("[metrics]\nlisten = \"not an address\"\n", &["listen", ":2"]),
+        ("[metrics]\nlisten = \"not an address\"\n", &["listen", ":2"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nban = \"1h\"\nlease = { min_batch = 1, max_batch = 5, ttl = \"1s\" }\n", &["`ban`", "leased rule cannot ban"]),
     ("this is not toml", &["config:1"]),
 ];
 

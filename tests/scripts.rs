@@ -29,6 +29,17 @@ fn take(key: &str, (capacity, rate, per_ms): (i64, i64, i64), min: i64, max: i64
     .at(now)
 }
 
+/// token_bucket.lua with a ban key: ARGV capacity, rate, per_ms, min, max, ban_ms, now_ms.
+fn take_banned(key: &str, (capacity, rate, per_ms): (i64, i64, i64), cost: i64, ban_ms: i64, now: u64) -> Call {
+    let keys = vec![key.to_owned(), format!("{key}:ban")];
+    Call::new(
+        Script::TokenBucket,
+        keys,
+        vec![capacity, rate, per_ms, cost, cost, ban_ms],
+    )
+    .at(now)
+}
+
 fn give(key: &str, (capacity, rate, per_ms): (i64, i64, i64), tokens: i64, now: u64) -> Call {
     Call::new(
         Script::TokenReturn,
@@ -98,6 +109,24 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
                 (take(&k("g"), (3, 0, 1_000), 2, 2, 0), r(2, 1, 0, -1)),
                 (take(&k("g"), (3, 0, 1_000), 2, 2, 1_000_000_000), r(0, 1, -1, -1)),
                 (take(&k("g"), (3, 0, 1_000), 1, 1, 1_000_000_001), r(1, 0, 0, -1)),
+            ],
+        ),
+        (
+            "a token bucket bans after a refusal, whatever the refill says",
+            vec![
+                (take_banned(&k("j"), ten_per_10s, 10, 60_000, 0), r(10, 0, 0, 10_000)),
+                (
+                    take_banned(&k("j"), ten_per_10s, 1, 60_000, 500),
+                    r(0, 0, 60_000, 60_000),
+                ),
+                (
+                    take_banned(&k("j"), ten_per_10s, 1, 60_000, 20_000),
+                    r(0, 10, 40_500, 40_500),
+                ),
+                (take_banned(&k("j"), ten_per_10s, 1, 60_000, 60_500), r(1, 9, 0, 1_000)),
+                (take_banned(&k("stock"), (3, 0, 1_000), 3, 1_000, 0), r(3, 0, 0, -1)),
+                (take_banned(&k("stock"), (3, 0, 1_000), 1, 1_000, 1), r(0, 0, 1_000, -1)),
+                (take_banned(&k("stock"), (3, 0, 1_000), 1, 1_000, 2), r(0, 0, 999, -1)),
             ],
         ),
         (

@@ -4,11 +4,13 @@
 //! is the single source of truth: [`crate::store::MemoryStore`] calls it directly and the scripts in `lua/`
 //! mirror it line for line, so one test table runs against both stores.
 
+pub mod ban;
 pub mod token_bucket;
 pub mod window;
 
+pub use ban::Ban;
 pub use token_bucket::{TokenBucket, TokenBucketState};
-pub use window::{Ban, FixedWindow, SlidingLog, SlidingWindow, WindowCount};
+pub use window::{FixedWindow, SlidingLog, SlidingWindow, WindowCount};
 
 /// The reply every algorithm (and every Lua script) gives: `{ granted, remaining, retry_after_ms, reset_after_ms }`.
 ///

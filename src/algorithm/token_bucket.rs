@@ -6,7 +6,7 @@
 //! nothing drifts, unlike a float refill. Seed 002's "refill task that pushes tokens on a schedule" is replaced
 //! by computing the refill from the last timestamp when the bucket is next touched.
 
-use super::{ceil_div, ms, Reply, MAX_EXACT, NEVER};
+use super::{ceil_div, ms, Ban, Reply, MAX_EXACT, NEVER};
 
 /// Parameters of one token bucket: `capacity` tokens, refilled with `rate` tokens every `per_ms` milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -108,6 +108,37 @@ impl TokenBucket {
             reset_after_ms: self.reset_after(s.level),
         };
         (self.stored(s), reply)
+    }
+
+    /// [`TokenBucket::take`] behind a ban (seed 003): a banned key is refused until the ban ends; a refusal
+    /// bans it for `ban_ms` (0 = never). Mirrors `token_bucket.lua` called with a ban key.
+    pub fn take_banned(
+        &self,
+        state: Option<TokenBucketState>,
+        ban: &mut Ban,
+        min: u64,
+        max: u64,
+        ban_ms: u64,
+        now_ms: u64,
+    ) -> (Option<TokenBucketState>, Reply) {
+        // "Never full" (rate 0) stays never; otherwise the key is whole again when both the bucket and the ban are.
+        let at_least = |reset: i64, ms: i64| if reset == NEVER { NEVER } else { reset.max(ms) };
+        if let Some(left) = ban.left(now_ms) {
+            let s = self.refill(state, now_ms);
+            let reply = Reply {
+                granted: 0,
+                remaining: s.level / self.per_ms,
+                retry_after_ms: ms(left),
+                reset_after_ms: at_least(self.reset_after(s.level), ms(left)),
+            };
+            return (state, reply);
+        }
+        let (new, mut reply) = self.take(state, min, max, now_ms);
+        if reply.granted == 0 && ban_ms > 0 {
+            reply.retry_after_ms = ban.breach(ban_ms, now_ms, reply.retry_after_ms);
+            reply.reset_after_ms = at_least(reply.reset_after_ms, ms(ban_ms));
+        }
+        (new, reply)
     }
 
     /// Gives `tokens` back at `now_ms`, capped at the capacity; a missing (full) bucket takes nothing.

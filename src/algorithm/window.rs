@@ -6,40 +6,8 @@
 
 use std::collections::VecDeque;
 
-use super::{ms, Reply, NEVER};
-
-/// A ban (seed 003): after a refusal the key is refused until `until_ms`, whatever its window says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Ban {
-    /// Milliseconds until which the key is refused (0: not banned).
-    pub until_ms: u64,
-}
-
-impl Ban {
-    /// The ban's rest at `now_ms`, `None` when not banned.
-    fn left(&self, now_ms: u64) -> Option<u64> {
-        (self.until_ms > now_ms).then(|| self.until_ms - now_ms)
-    }
-
-    /// Bans for `ban_ms` from `now_ms` (no-op when `ban_ms` is 0); returns the new retry_after.
-    fn breach(&mut self, ban_ms: u64, now_ms: u64, retry_after_ms: i64) -> i64 {
-        if ban_ms == 0 {
-            return retry_after_ms;
-        }
-        self.until_ms = now_ms.saturating_add(ban_ms);
-        ms(ban_ms)
-    }
-}
-
-/// The reply to a banned key: nothing granted, retry when the ban ends.
-fn banned(left: u64, remaining: u64, reset_after_ms: u64) -> Reply {
-    Reply {
-        granted: 0,
-        remaining,
-        retry_after_ms: ms(left),
-        reset_after_ms: ms(reset_after_ms.max(left)),
-    }
-}
+use super::ban::banned;
+use super::{ms, Ban, Reply, NEVER};
 
 /// Sliding-window log: at most `limit` tokens granted in any window `(now − window_ms, now]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

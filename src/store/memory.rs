@@ -18,7 +18,8 @@ use crate::telemetry::Source;
 /// of the same hash tag): one entry, one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    TokenBucket(TokenBucketState),
+    /// The bucket (`None` = full) and its ban.
+    TokenBucket(Option<TokenBucketState>, Ban),
     SlidingLog(Log, Ban),
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
@@ -83,16 +84,19 @@ impl MemoryStore {
                 if call.script == Script::TokenBucket && (a == 0 || b < a) {
                     return Err(bad_args(call, "need 1 <= min <= max"));
                 }
+                // A second key is the ban; its duration follows max (token_bucket.lua's ARGV[6]).
+                let ban_ms = if call.keys.len() > 1 { arg(call, 5)? } else { 0 };
                 self.update(key, |state| {
-                    let old = match state {
-                        Some(State::TokenBucket(s)) => Some(s),
-                        _ => None,
+                    let (old, mut ban) = match state {
+                        Some(State::TokenBucket(s, ban)) => (s, ban),
+                        _ => (None, Ban::default()),
                     };
                     let (new, reply) = match call.script {
-                        Script::TokenBucket => bucket.take(old, a, b, now),
+                        Script::TokenBucket => bucket.take_banned(old, &mut ban, a, b, ban_ms, now),
                         _ => bucket.give_back(old, a, now),
                     };
-                    (new.map(State::TokenBucket), reply)
+                    let keep = new.is_some() || ban.until_ms > now;
+                    (keep.then_some(State::TokenBucket(new, ban)), reply)
                 })
             }
             Script::SlidingLog => {
@@ -162,7 +166,7 @@ impl MemoryStore {
             dashmap::Entry::Occupied(mut e) => {
                 let (new, reply) = f(Some(std::mem::replace(
                     e.get_mut(),
-                    State::TokenBucket(TokenBucketState { level: 0, ts_ms: 0 }),
+                    State::TokenBucket(None, Ban::default()),
                 )));
                 match new {
                     Some(s) => *e.get_mut() = s,

@@ -67,7 +67,7 @@ impl Limits {
             window: Some((window_ms as f64 / 1000.0, extra)),
         };
         Some(match algorithm {
-            Algorithm::TokenBucket { bucket, lease } => Limits {
+            Algorithm::TokenBucket { bucket, lease, .. } => Limits {
                 capacity: bucket.capacity,
                 rate_per_s: bucket.rate as f64 * 1000.0 / bucket.per_ms as f64,
                 lease_ttl_s: if no_lease {
