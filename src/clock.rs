@@ -43,6 +43,34 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// Tokio's clock ([`tokio::time::Instant`]): real time normally, and under `#[tokio::test(start_paused = true)]`
+/// the paused clock that `tokio::time::advance` and sleeps move, so waits in tests take no real time.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    origin: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock whose origin is tokio's now. Needs a tokio runtime when time is paused.
+    pub fn new() -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
 /// A clock that moves only when told to, for tests. Clones share the same time.
 #[derive(Debug, Clone, Default)]
 pub struct FakeClock {

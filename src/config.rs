@@ -519,16 +519,19 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
                 ban_ms,
             }
         }
-        AlgorithmName::LeakyBucket => Algorithm::LeakyBucket {
-            rate: positive(required(r.rate, "rate", algo)?, "rate")?,
-            per_ms: whole_ms(required(r.per, "per", algo)?, "per")?,
-            max_wait_ms: match r.max_wait {
-                None => 0,
-                Some(d) => u64::try_from(d.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .min(crate::algorithm::MAX_EXACT - 1),
-            },
-        },
+        AlgorithmName::LeakyBucket => {
+            let per = required(r.per, "per", algo)?;
+            let (rate, per_ms, max_wait_ms) = rule::leaky_params(
+                required(r.rate, "rate", algo)?,
+                per,
+                r.max_wait.unwrap_or(Duration::ZERO),
+            )?;
+            Algorithm::LeakyBucket {
+                rate,
+                per_ms,
+                max_wait_ms,
+            }
+        }
     };
     Ok(Rule {
         name: r.name,

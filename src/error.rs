@@ -37,6 +37,17 @@ pub enum Error {
     /// The limiter was shut down.
     #[error("the limiter is shut down")]
     ShutDown,
+    /// A queue's wait would exceed the longest allowed (`max_wait`, or the timeout given): refused at once,
+    /// without waiting only to fail.
+    #[error("rule `{rule}`: the wait would exceed {max_wait:?}; retry after {retry_after:?}")]
+    QueueFull {
+        /// The rule asked.
+        rule: String,
+        /// The longest wait allowed.
+        max_wait: Duration,
+        /// How long until a call would fit.
+        retry_after: Duration,
+    },
 }
 
 /// The kind of a store failure; also the `kind` label of `tokenlease_redis_errors_total`.

@@ -17,10 +17,10 @@ pub mod rule;
 pub mod store;
 pub mod telemetry;
 
-pub use clock::{Clock, FakeClock, MonotonicClock};
+pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use config::{Config, ConfigError};
 pub use error::{Error, StoreError, StoreErrorKind};
-pub use limiter::{Decision, Limiter, LimiterBuilder, LimiterStats};
+pub use limiter::{Decision, Limiter, LimiterBuilder, LimiterStats, Permit};
 pub use rule::{Algorithm, FailMode, Lease, Rule};
 pub use store::{MemoryStore, RedisStore, Store};
 pub use telemetry::Source;

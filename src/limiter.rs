@@ -90,6 +90,69 @@ fn ms_to_ns(v: i64) -> u64 {
     }
 }
 
+/// Permission to run one paced job, from [`Limiter::acquire`]: its slot has come.
+#[must_use = "a permit means the job may run now"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permit {
+    /// How long the caller waited in the queue.
+    pub waited: Duration,
+    /// Tokens the job was granted.
+    pub cost: u64,
+    /// Where the slot was reserved (`redis`, `memory`, or `fallback` when the store failed).
+    pub source: Source,
+}
+
+/// Counts a caller in its rule's queue depth while it lives.
+struct Waiting<'a>(&'a Compiled);
+
+impl<'a> Waiting<'a> {
+    fn new(compiled: &'a Compiled) -> Self {
+        let n = compiled.waiting.fetch_add(1, Ordering::Relaxed) + 1;
+        compiled.metrics.queue_depth.set(n as f64);
+        Self(compiled)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let n = self.0.waiting.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.0.metrics.queue_depth.set(n as f64);
+    }
+}
+
+/// A slot reserved in the store whose caller may still give up; dropped unfinished, it hands the slot back.
+struct Reserved<'a> {
+    limiter: &'a Limiter,
+    call: &'a Call,
+    source: Source,
+    done: bool,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut back = self.call.clone();
+        back.script = Script::LeakyReturn;
+        back.args.truncate(3); // rate, per_ms, cost
+        let this = self.limiter.clone();
+        let fallback = self.source == Source::Fallback;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.limiter.inner.tracker.spawn(async move {
+                let result = if fallback {
+                    this.inner.fallback.run_sync(&back)
+                } else {
+                    this.run(&back).await
+                };
+                if let Err(error) = result {
+                    tracing::debug!(%error, "could not hand a queue slot back");
+                }
+            });
+        }
+    }
+}
+
 /// Counters of one limiter, in calls and tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LimiterStats {
@@ -112,6 +175,11 @@ struct Compiled {
     metrics: RuleMetrics,
     /// Leased tokens per key (rules with a lease only).
     local: DashMap<String, Arc<LocalBucket>, foldhash::fast::RandomState>,
+    /// Per key, the order in which this process's callers reserve queue slots (leaky-bucket rules): tokio's
+    /// mutex is fair, so waiters are served first-in first-out.
+    queues: DashMap<String, Arc<tokio::sync::Mutex<()>>, foldhash::fast::RandomState>,
+    /// Callers of this rule waiting in a queue now.
+    waiting: std::sync::atomic::AtomicI64,
 }
 
 #[derive(Debug)]
@@ -310,6 +378,8 @@ fn compile(rule: Rule, default_mode: FailMode) -> Compiled {
         fail_mode: rule.fail_mode.unwrap_or(default_mode),
         metrics: RuleMetrics::new(&rule.name),
         local: DashMap::default(),
+        queues: DashMap::default(),
+        waiting: std::sync::atomic::AtomicI64::new(0),
         rule,
     }
 }
@@ -416,6 +486,15 @@ impl Limiter {
                 lease: Some(lease),
                 ..
             } => self.check_leased(compiled, bucket, lease, key, cost).await,
+            // A check never waits: a leaky bucket answers whether a slot is free now.
+            Algorithm::LeakyBucket { rate, per_ms, .. } => {
+                let now_only = Algorithm::LeakyBucket {
+                    rate: *rate,
+                    per_ms: *per_ms,
+                    max_wait_ms: 0,
+                };
+                self.check_store(compiled, &now_only, key, cost).await?
+            }
             _ => self.check_store(compiled, algorithm, key, cost).await?,
         };
         compiled.metrics.decision(decision.allowed, decision.source);
@@ -503,6 +582,148 @@ impl Limiter {
         let rule = Rule::sliding_log(action_key, max_count, period)
             .map_err(|e| rename_argument(e, &[("limit", "max_count"), ("window", "period")]))?;
         Ok(self.check_rule(&rule, user_id, 1).await?.allowed)
+    }
+
+    /// Waits for a slot of the leaky-bucket rule `rule` for `cost` tokens of `key`: all processes together
+    /// leak at the rule's rate (one Redis call per job, `lua/leaky_bucket.lua`), callers of this process are
+    /// served first-in first-out. A call whose wait would exceed the rule's `max_wait` is refused at once with
+    /// [`Error::QueueFull`] (its `retry_after` says when a call would fit): nobody waits only to fail.
+    ///
+    /// Dropping the future while it waits gives up its place. A slot already reserved in Redis is handed back
+    /// (`lua/leaky_return.lua`) when it is still the last one reserved; otherwise it leaks unused, since moving
+    /// it would move every caller queued behind it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// use tokenlease::{Limiter, Rule};
+    ///
+    /// let reindex = Rule::leaky_bucket("reindex", 50, Duration::from_secs(1), Duration::from_secs(30))?;
+    /// let limiter = Limiter::builder().rule(reindex).build()?;
+    /// let permit = limiter.acquire("reindex", "tenant:7", 1).await?;
+    /// assert!(permit.waited < Duration::from_millis(100));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`]; [`Error::UnknownRule`]; [`Error::InvalidArgument`] for a rule that is not a
+    /// leaky bucket, an empty or oversized key, a zero cost; [`Error::CostAboveCapacity`] for a cost above the
+    /// rule's rate; [`Error::Store`] when the store fails and the rule's `fail_mode` is `closed`.
+    pub async fn acquire(&self, rule: &str, key: &str, cost: u64) -> Result<Permit, Error> {
+        self.acquire_within(rule, key, cost, None).await
+    }
+
+    /// [`Limiter::acquire`] waiting at most `max` (and at most the rule's `max_wait`).
+    ///
+    /// # Errors
+    /// As [`Limiter::acquire`].
+    pub async fn acquire_timeout(&self, rule: &str, key: &str, cost: u64, max: Duration) -> Result<Permit, Error> {
+        self.acquire_within(rule, key, cost, Some(max)).await
+    }
+
+    /// [`Limiter::acquire`] that never waits: a permit when a slot is free now, `None` otherwise (nothing is
+    /// reserved then).
+    ///
+    /// # Errors
+    /// As [`Limiter::acquire`], except [`Error::QueueFull`].
+    pub async fn try_acquire(&self, rule: &str, key: &str, cost: u64) -> Result<Option<Permit>, Error> {
+        match self.acquire_within(rule, key, cost, Some(Duration::ZERO)).await {
+            Ok(permit) => Ok(Some(permit)),
+            Err(Error::QueueFull { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn acquire_within(&self, rule: &str, key: &str, cost: u64, max: Option<Duration>) -> Result<Permit, Error> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        let compiled = self
+            .inner
+            .rules
+            .load()
+            .get(rule)
+            .cloned()
+            .ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+        self.validate(&compiled, key, cost)?;
+        let algorithm = compiled.rule.algorithm_for(key).clone();
+        let Algorithm::LeakyBucket {
+            rate,
+            per_ms,
+            max_wait_ms,
+        } = algorithm
+        else {
+            return Err(Error::InvalidArgument {
+                name: "rule",
+                reason: format!("acquire needs a leaky_bucket rule; `{rule}` is {}", algorithm.name()),
+            });
+        };
+        let max_wait_ms = max.map_or(max_wait_ms, |m| {
+            u64::try_from(m.as_millis()).unwrap_or(u64::MAX).min(max_wait_ms)
+        });
+        let algorithm = Algorithm::LeakyBucket {
+            rate,
+            per_ms,
+            max_wait_ms,
+        };
+        let store_key = self.store_key(&compiled.rule.name, key);
+        let started = tokio::time::Instant::now();
+        let queue = compiled.queues.entry(key.to_owned()).or_default().clone();
+        let waiting = Waiting::new(&compiled);
+        // First in, first out: reservations of this process's callers are made in the order they came.
+        let turn = queue.lock().await;
+        let call = self.call_for(&algorithm, &store_key, cost, 1);
+        let Some(call) = call else { return Err(Error::ShutDown) };
+        let (reply, source) = match self.run(&call).await {
+            Ok(reply) => (reply, self.inner.store.source()),
+            Err(error) => match compiled.fail_mode {
+                FailMode::Open => (
+                    Reply {
+                        granted: cost,
+                        remaining: 0,
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                    },
+                    Source::Fallback,
+                ),
+                FailMode::Closed => return Err(Error::Store(error)),
+                FailMode::Local => {
+                    let share = self.inner.expected_processes;
+                    let local = self
+                        .call_for(&algorithm, &store_key, cost, share)
+                        .ok_or(Error::Store(error))?;
+                    (self.inner.fallback.run_sync(&local)?, Source::Fallback)
+                }
+            },
+        };
+        drop(turn);
+        drop(queue);
+        compiled.queues.remove_if(key, |_, q| Arc::strong_count(q) == 1);
+        if reply.granted < cost {
+            return Err(Error::QueueFull {
+                rule: rule.to_owned(),
+                max_wait: Duration::from_millis(max_wait_ms),
+                retry_after: protocol_ms(reply.retry_after_ms),
+            });
+        }
+        let wait = protocol_ms(reply.retry_after_ms);
+        if !wait.is_zero() {
+            // Dropped while sleeping: hand the slot back if nobody queued behind it.
+            let mut reserved = Reserved {
+                limiter: self,
+                call: &call,
+                source,
+                done: false,
+            };
+            tokio::time::sleep(wait).await;
+            reserved.done = true;
+        }
+        drop(waiting);
+        let waited = started.elapsed();
+        compiled.metrics.queue_wait.record(waited.as_secs_f64());
+        compiled.metrics.decision(true, source);
+        Ok(Permit { waited, cost, source })
     }
 
     /// Every compiled rule: configured and built in code.
@@ -707,7 +928,21 @@ impl Limiter {
                     as_arg(*ban_ms),
                 ],
             ),
-            Algorithm::LeakyBucket { .. } => return None,
+            Algorithm::LeakyBucket {
+                rate,
+                per_ms,
+                max_wait_ms,
+            } => {
+                // rate / share per period is rate per (share × period).
+                let per = as_arg(per_ms.saturating_mul(share));
+                let n = self.inner.members.fetch_add(1, Ordering::Relaxed);
+                Call::new(
+                    Script::LeakyBucket,
+                    vec![store_key.to_owned()],
+                    vec![as_arg(*rate), per, as_arg(cost), as_arg(*max_wait_ms)],
+                )
+                .with_member(format!("{}-{n}", self.inner.member_prefix))
+            }
         })
     }
 

@@ -290,6 +290,29 @@ impl Rule {
         )
     }
 
+    /// A leaky-bucket queue rule (seed 004): jobs leak at `rate` tokens every `per`, across all processes;
+    /// [`crate::Limiter::acquire`] waits for a slot, at most `max_wait` (the queue's bound).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] naming `rate`, `per` or `max_wait` when the rate is 0, `per` is not
+    /// a whole number of milliseconds, or the schedule would not stay exact in the scripts.
+    pub fn leaky_bucket(
+        name: impl Into<String>,
+        rate: u64,
+        per: Duration,
+        max_wait: Duration,
+    ) -> Result<Self, crate::Error> {
+        let (rate, per_ms, max_wait_ms) = leaky_params(rate, per, max_wait).map_err(invalid)?;
+        Self::named(
+            name,
+            Algorithm::LeakyBucket {
+                rate,
+                per_ms,
+                max_wait_ms,
+            },
+        )
+    }
+
     /// Bans a key for `ban` after a breach (seed 003, scenario 2): once refused it is refused until the ban
     /// ends, whatever the window says.
     ///
@@ -424,6 +447,24 @@ fn window_params(limit: u64, window: Duration) -> Result<(u64, u64), crate::Erro
         return Err(invalid(("limit", "must be at least 1".into())));
     }
     Ok((limit, whole_ms(window, "window").map_err(invalid)?))
+}
+
+/// Checks leaky-bucket parameters: `(rate, per_ms, max_wait_ms)`; the error names the field.
+pub(crate) fn leaky_params(
+    rate: u64,
+    per: Duration,
+    max_wait: Duration,
+) -> Result<(u64, u64, u64), (&'static str, String)> {
+    if rate == 0 {
+        return Err(("rate", "must be at least 1".into()));
+    }
+    let per_ms = whole_ms(per, "per")?;
+    let max_wait_ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+    let exact = |v: u64| v.checked_mul(rate).is_some_and(|x| x < crate::algorithm::MAX_EXACT);
+    if !exact(per_ms) || !exact(max_wait_ms.saturating_add(per_ms)) {
+        return Err(("max_wait", format!("rate × (max_wait + per) must stay below 2^53 (rate {rate}, per {per_ms} ms, max_wait {max_wait_ms} ms)")));
+    }
+    Ok((rate, per_ms, max_wait_ms))
 }
 
 /// Sub-buckets divide the window, 1 to 1000 of them.

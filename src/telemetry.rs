@@ -96,6 +96,8 @@ pub(crate) struct RuleMetrics {
     pub(crate) leased_tokens: Counter,
     pub(crate) returned_tokens: Counter,
     pub(crate) outstanding: Gauge,
+    pub(crate) queue_depth: Gauge,
+    pub(crate) queue_wait: Histogram,
 }
 
 impl RuleMetrics {
@@ -112,7 +114,9 @@ impl RuleMetrics {
             lease_error: lease("error"),
             leased_tokens: counter!(LEASED_TOKENS_TOTAL, "rule" => rule.clone()),
             returned_tokens: counter!(RETURNED_TOKENS_TOTAL, "rule" => rule.clone()),
-            outstanding: gauge!(OUTSTANDING_TOKENS, "rule" => rule),
+            outstanding: gauge!(OUTSTANDING_TOKENS, "rule" => rule.clone()),
+            queue_depth: gauge!(QUEUE_DEPTH, "rule" => rule.clone()),
+            queue_wait: histogram!(QUEUE_WAIT_SECONDS, "rule" => rule),
         }
     }
 

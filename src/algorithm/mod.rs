@@ -5,10 +5,12 @@
 //! mirror it line for line, so one test table runs against both stores.
 
 pub mod ban;
+pub mod leaky_bucket;
 pub mod token_bucket;
 pub mod window;
 
 pub use ban::Ban;
+pub use leaky_bucket::{LeakyBucket, Tat};
 pub use token_bucket::{TokenBucket, TokenBucketState};
 pub use window::{FixedWindow, SlidingLog, SlidingWindow, WindowCount};
 

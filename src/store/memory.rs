@@ -8,7 +8,7 @@ use dashmap::DashMap;
 use super::{arg, bad_args, BoxFuture, Call, Script, Store};
 use crate::algorithm::window::{Log, SubBuckets};
 use crate::algorithm::{
-    Ban, FixedWindow, Reply, SlidingLog, SlidingWindow, TokenBucket, TokenBucketState, WindowCount,
+    Ban, FixedWindow, LeakyBucket, Reply, SlidingLog, SlidingWindow, Tat, TokenBucket, TokenBucketState, WindowCount,
 };
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::StoreError;
@@ -23,6 +23,7 @@ enum State {
     SlidingLog(Log, Ban),
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
+    LeakyBucket(Tat),
 }
 
 /// Rate-limit state in a [`DashMap`], one entry per key; each call holds its key's shard lock, so calls on a
@@ -134,6 +135,33 @@ impl MemoryStore {
                     };
                     let reply = algo.take(&mut count, &mut ban, cost, ban_ms, now);
                     (Some(State::FixedWindow(count, ban)), reply)
+                })
+            }
+            Script::LeakyBucket | Script::LeakyReturn => {
+                let queue = LeakyBucket {
+                    rate: arg(call, 0)?,
+                    per_ms: arg(call, 1)?,
+                };
+                let cost = arg(call, 2)?;
+                let member = call.member.as_deref().ok_or_else(|| bad_args(call, "member missing"))?;
+                if queue.rate == 0 || queue.per_ms == 0 || cost == 0 {
+                    return Err(bad_args(call, "rate, per_ms and cost must be at least 1"));
+                }
+                let max_wait_ms = if call.script == Script::LeakyBucket {
+                    arg(call, 3)?
+                } else {
+                    0
+                };
+                self.update(key, |state| {
+                    let mut tat = match state {
+                        Some(State::LeakyBucket(t)) => Some(t),
+                        _ => None,
+                    };
+                    let reply = match call.script {
+                        Script::LeakyBucket => queue.reserve(&mut tat, cost, max_wait_ms, member, now),
+                        _ => queue.give_back(&mut tat, cost, member, now),
+                    };
+                    (tat.map(State::LeakyBucket), reply)
                 })
             }
             Script::SlidingWindow => {

@@ -32,6 +32,10 @@ pub enum Script {
     FixedWindow,
     /// `sliding_window.lua`: KEYS counter, ban; ARGV window_ms, sub_buckets, limit, cost, ban_ms.
     SlidingWindow,
+    /// `leaky_bucket.lua`: KEYS queue; ARGV rate, per_ms, cost, max_wait_ms, member.
+    LeakyBucket,
+    /// `leaky_return.lua`: KEYS queue; ARGV rate, per_ms, cost, member.
+    LeakyReturn,
 }
 
 impl Script {
@@ -43,16 +47,29 @@ impl Script {
             Self::SlidingLog => "sliding_log",
             Self::FixedWindow => "fixed_window",
             Self::SlidingWindow => "sliding_window",
+            Self::LeakyBucket => "leaky_bucket",
+            Self::LeakyReturn => "leaky_return",
+        }
+    }
+
+    /// Where the call's [`Call::member`] goes among the integer arguments (`None`: the script takes none).
+    pub fn member_position(self) -> Option<usize> {
+        match self {
+            Self::SlidingLog | Self::LeakyReturn => Some(3),
+            Self::LeakyBucket => Some(4),
+            _ => None,
         }
     }
 
     /// Every script, in declaration order.
-    pub const ALL: [Script; 5] = [
+    pub const ALL: [Script; 7] = [
         Self::TokenBucket,
         Self::TokenReturn,
         Self::SlidingLog,
         Self::FixedWindow,
         Self::SlidingWindow,
+        Self::LeakyBucket,
+        Self::LeakyReturn,
     ];
 }
 
@@ -65,7 +82,7 @@ pub struct Call {
     pub keys: Vec<String>,
     /// `ARGV`, in the script's order, without `now_ms`.
     pub args: Vec<i64>,
-    /// The unique member of a sliding-log call (`ARGV[4]` of `sliding_log.lua`).
+    /// The unique member of a sliding-log or leaky-bucket call (see [`Script::member_position`]).
     pub member: Option<String>,
     /// The optional trailing `now_ms`: `None` lets the store read its own clock (Redis `TIME`).
     pub now_ms: Option<u64>,

@@ -27,6 +27,8 @@ pub fn script_source(s: Script) -> &'static str {
         Script::SlidingLog => include_str!("../../lua/sliding_log.lua"),
         Script::FixedWindow => include_str!("../../lua/fixed_window.lua"),
         Script::SlidingWindow => include_str!("../../lua/sliding_window.lua"),
+        Script::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
+        Script::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
     }
 }
 
@@ -91,12 +93,15 @@ impl RedisStore {
         for key in &call.keys {
             invocation.key(key);
         }
+        let member_at = call.script.member_position();
         for (i, arg) in call.args.iter().enumerate() {
-            // sliding_log.lua takes its unique member as ARGV[4], between the integers.
-            if i == 3 && call.script == Script::SlidingLog {
+            if member_at == Some(i) {
                 invocation.arg(call.member.as_deref().unwrap_or(""));
             }
             invocation.arg(*arg);
+        }
+        if member_at == Some(call.args.len()) {
+            invocation.arg(call.member.as_deref().unwrap_or(""));
         }
         if let Some(now) = call.now_ms {
             invocation.arg(now);

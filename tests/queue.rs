@@ -1,0 +1,242 @@
+//! The leaky-bucket queue: exact schedules replayed on both stores, waits under tokio's paused clock, and
+//! pacing shared by several limiters on a real Redis.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokenlease::algorithm::Reply;
+use tokenlease::store::{Call, Script};
+use tokenlease::{Error, Limiter, MemoryStore, RedisStore, Rule, Store, TokioClock};
+
+fn reserve(key: &str, rate: i64, per_ms: i64, cost: i64, max_wait_ms: i64, member: &str, now: u64) -> Call {
+    Call::new(
+        Script::LeakyBucket,
+        vec![key.into()],
+        vec![rate, per_ms, cost, max_wait_ms],
+    )
+    .with_member(member)
+    .at(now)
+}
+
+fn give_back(key: &str, rate: i64, per_ms: i64, cost: i64, member: &str, now: u64) -> Call {
+    Call::new(Script::LeakyReturn, vec![key.into()], vec![rate, per_ms, cost])
+        .with_member(member)
+        .at(now)
+}
+
+fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> Reply {
+    Reply {
+        granted,
+        remaining,
+        retry_after_ms,
+        reset_after_ms,
+    }
+}
+
+async fn table(s: &dyn Store, p: &str) {
+    let k = |n: &str| format!("tl:{{q:{p}-{n}}}");
+    let t0 = 1_700_000_000_000;
+    // 10 per second (100 ms apart), at most 250 ms of wait.
+    let steps = [
+        (reserve(&k("a"), 10, 1000, 1, 250, "a1", t0), r(1, 2, 0, 100)),
+        (reserve(&k("a"), 10, 1000, 1, 250, "a2", t0), r(1, 1, 100, 200)),
+        (reserve(&k("a"), 10, 1000, 1, 250, "a3", t0), r(1, 0, 200, 300)),
+        (reserve(&k("a"), 10, 1000, 1, 250, "a4", t0), r(0, 0, 50, 300)),
+        (reserve(&k("a"), 10, 1000, 1, 250, "a5", t0 + 50), r(1, 0, 250, 350)),
+        // 5000 per second: 0.2 ms apart, kept exactly (waits round up to whole ms).
+        // remaining: slots starting within 10 ms (at 0.2, 0.4, ... 10.0 ms after the TAT).
+        (reserve(&k("fast"), 5000, 1000, 1, 10, "f1", t0), r(1, 50, 0, 1)),
+        (reserve(&k("fast"), 5000, 1000, 1, 10, "f2", t0), r(1, 49, 1, 1)),
+        (reserve(&k("fast"), 5000, 1000, 3, 10, "f3", t0), r(3, 46, 1, 1)),
+        (reserve(&k("fast"), 5000, 1000, 5, 10, "f4", t0), r(5, 41, 1, 2)),
+        // The TAT was exactly t0 + 2 ms: at that millisecond the queue is empty again.
+        (reserve(&k("fast"), 5000, 1000, 1, 10, "f5", t0 + 2), r(1, 50, 0, 1)),
+        // Handing back: only the last reservation can be.
+        (reserve(&k("b"), 10, 1000, 1, 1000, "b1", t0), r(1, 10, 0, 100)),
+        (reserve(&k("b"), 10, 1000, 1, 1000, "b2", t0), r(1, 9, 100, 200)),
+        (give_back(&k("b"), 10, 1000, 1, "b1", t0 + 10), r(0, 0, 0, 190)),
+        (give_back(&k("b"), 10, 1000, 1, "b2", t0 + 10), r(1, 0, 0, 90)),
+        (reserve(&k("b"), 10, 1000, 1, 1000, "b3", t0 + 10), r(1, 9, 90, 190)),
+        // try: no wait allowed
+        (reserve(&k("c"), 10, 1000, 1, 0, "c1", t0), r(1, 0, 0, 100)),
+        (reserve(&k("c"), 10, 1000, 1, 0, "c2", t0 + 40), r(0, 0, 60, 60)),
+        (reserve(&k("c"), 10, 1000, 1, 0, "c3", t0 + 100), r(1, 0, 0, 100)),
+    ];
+    for (i, (call, want)) in steps.iter().enumerate() {
+        let got = s.run(call).await.unwrap_or_else(|e| panic!("step {i}: {e}"));
+        assert_eq!(got, *want, "step {i}: {call:?}");
+    }
+}
+
+#[tokio::test]
+async fn leaky_table_on_memory_store() {
+    table(&MemoryStore::new(), "mem").await;
+}
+
+#[tokio::test]
+async fn leaky_table_on_redis() {
+    let server = common::RedisServer::start();
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
+    table(&store, "redis").await;
+}
+
+fn paused_limiter(rate: u64, max_wait: Duration) -> Limiter {
+    let clock = Arc::new(TokioClock::new());
+    let rule = Rule::leaky_bucket("jobs", rate, Duration::from_secs(1), max_wait).expect("rule");
+    Limiter::builder()
+        .clock(clock.clone())
+        .store(Arc::new(MemoryStore::with_clock(clock)))
+        .rule(rule)
+        .build()
+        .expect("limiter")
+}
+
+#[tokio::test(start_paused = true)]
+async fn grants_are_spaced_exactly_and_served_first_in_first_out() {
+    let limiter = paused_limiter(5, Duration::from_secs(10));
+    let start = tokio::time::Instant::now();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (l, order) = (limiter.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = l.acquire("jobs", "tenant:7", 1).await.expect("permit");
+            order.lock().expect("lock").push((i, start.elapsed(), permit.waited));
+        }));
+        tokio::task::yield_now().await; // spawn order = arrival order
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let order = order.lock().expect("lock").clone();
+    let ids: Vec<_> = order.iter().map(|(i, ..)| *i).collect();
+    assert_eq!(ids, [0, 1, 2, 3, 4, 5], "first in, first out");
+    for (n, (_, at, _)) in order.iter().enumerate() {
+        assert_eq!(*at, Duration::from_millis(200 * n as u64), "job {n} at {at:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_beyond_max_wait_is_refused_at_once() {
+    let limiter = paused_limiter(2, Duration::from_secs(1)); // 500 ms apart, 1 s of queue
+    assert!(
+        limiter.try_acquire("jobs", "k", 1).await.expect("try").is_some(),
+        "a free slot now"
+    );
+    assert!(
+        limiter.try_acquire("jobs", "k", 1).await.expect("try").is_none(),
+        "try never waits"
+    );
+    let spawn = |l: &Limiter| {
+        let l = l.clone();
+        tokio::spawn(async move { l.acquire("jobs", "k", 1).await })
+    };
+    let (p1, p2) = (spawn(&limiter), spawn(&limiter));
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
+    // Slots are reserved up to 1 s ahead: the next would wait 1.5 s: refused at once, retry in 0.5 s.
+    let started = tokio::time::Instant::now();
+    match limiter.acquire("jobs", "k", 1).await {
+        Err(Error::QueueFull {
+            retry_after, max_wait, ..
+        }) => {
+            assert_eq!(
+                (retry_after, max_wait),
+                (Duration::from_millis(500), Duration::from_secs(1))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
+    assert!(
+        matches!(limiter.check("jobs", "k", 1).await, Ok(d) if !d.allowed),
+        "check never waits"
+    );
+    assert_eq!(
+        p1.await.expect("task").expect("permit").waited,
+        Duration::from_millis(500)
+    );
+    assert_eq!(p2.await.expect("task").expect("permit").waited, Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_acquire_gives_its_place_and_its_slot_back() {
+    let limiter = paused_limiter(1, Duration::from_secs(60)); // 1 per second
+    assert_eq!(
+        limiter.acquire("jobs", "k", 1).await.expect("first").waited,
+        Duration::ZERO
+    );
+    // The second reserves the slot at 1 s and is dropped while waiting for it.
+    let waiting = limiter.acquire("jobs", "k", 1);
+    assert!(tokio::time::timeout(Duration::from_millis(300), waiting).await.is_err());
+    tokio::task::yield_now().await; // the hand-back runs
+                                    // The slot at 1 s is free again: the next caller gets it instead of the one at 2 s.
+    let third = limiter.acquire("jobs", "k", 1).await.expect("third");
+    assert_eq!(third.waited, Duration::from_millis(700));
+}
+
+#[tokio::test]
+async fn acquire_needs_a_leaky_rule_and_bad_input_is_an_error() {
+    let limiter = Limiter::builder()
+        .rule(Rule::token_bucket("tb", 10, 1, Duration::from_secs(1)).expect("rule"))
+        .rule(Rule::leaky_bucket("jobs", 10, Duration::from_secs(1), Duration::from_secs(1)).expect("rule"))
+        .build()
+        .expect("limiter");
+    assert!(matches!(
+        limiter.acquire("tb", "k", 1).await,
+        Err(Error::InvalidArgument { name: "rule", .. })
+    ));
+    assert!(matches!(
+        limiter.acquire("nope", "k", 1).await,
+        Err(Error::UnknownRule(_))
+    ));
+    assert!(matches!(
+        limiter.acquire("jobs", "", 1).await,
+        Err(Error::InvalidArgument { name: "key", .. })
+    ));
+    assert!(matches!(
+        limiter.acquire("jobs", "k", 11).await,
+        Err(Error::CostAboveCapacity { .. })
+    ));
+    assert!(matches!(
+        Rule::leaky_bucket("x", 0, Duration::from_secs(1), Duration::ZERO),
+        Err(Error::InvalidArgument { name: "rate", .. })
+    ));
+}
+
+/// Three limiters (as three processes would) share one schedule on Redis: 3 × 8 jobs at 20 per second take
+/// about 23 × 50 ms in all, not a third of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limiters_pace_together_on_redis() {
+    let server = common::RedisServer::start();
+    let rule = Rule::leaky_bucket("jobs", 20, Duration::from_secs(1), Duration::from_secs(10)).expect("rule");
+    let limiters: Vec<Limiter> = (0..3)
+        .map(|_| {
+            let store = RedisStore::connect(&server.url(), Duration::from_secs(1)).expect("store");
+            Limiter::builder()
+                .store(Arc::new(store))
+                .rule(rule.clone())
+                .build()
+                .expect("limiter")
+        })
+        .collect();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for l in &limiters {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..8 {
+                let _permit = l.acquire("jobs", "tenant:1", 1).await.expect("permit");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let took = started.elapsed();
+    // 24 slots 50 ms apart: the last starts at 1.15 s. Tolerance for a loaded 2-core machine.
+    assert!(took >= Duration::from_millis(1_100), "too fast: {took:?}");
+    assert!(took <= Duration::from_millis(2_500), "too slow: {took:?}");
+}
