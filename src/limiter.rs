@@ -134,8 +134,13 @@ impl Drop for Reserved<'_> {
             return;
         }
         let mut back = self.call.clone();
-        back.script = Script::LeakyReturn;
-        back.args.truncate(3); // rate, per_ms, cost
+        if back.script == Script::TokenAcquire {
+            back.script = Script::TokenReturn; // the tokens go back: the debt shrinks for whoever comes next
+            back.args.truncate(4); // capacity, rate, per_ms, cost
+        } else {
+            back.script = Script::LeakyReturn;
+            back.args.truncate(3); // rate, per_ms, cost
+        }
         let this = self.limiter.clone();
         let fallback = self.source == Source::Fallback;
         if tokio::runtime::Handle::try_current().is_ok() {
@@ -586,7 +591,9 @@ impl Limiter {
 
     /// Waits for a slot of the leaky-bucket rule `rule` for `cost` tokens of `key`: all processes together
     /// leak at the rule's rate (one Redis call per job, `lua/leaky_bucket.lua`), callers of this process are
-    /// served first-in first-out. A call whose wait would exceed the rule's `max_wait` is refused at once with
+    /// served first-in first-out. On a token-bucket rule it waits for the tokens instead, Guava-style
+    /// ("consume now, pay later", `lua/token_acquire.lua`): a caller not behind a debt takes its tokens at once
+    /// and the next caller waits for the debt; the wait is bounded by the time to refill the whole capacity. A call whose wait would exceed the rule's `max_wait` is refused at once with
     /// [`Error::QueueFull`] (its `retry_after` says when a call would fit): nobody waits only to fail.
     ///
     /// Dropping the future while it waits gives up its place. A slot already reserved in Redis is handed back
@@ -607,8 +614,8 @@ impl Limiter {
     /// ```
     ///
     /// # Errors
-    /// [`Error::QueueFull`]; [`Error::UnknownRule`]; [`Error::InvalidArgument`] for a rule that is not a
-    /// leaky bucket, an empty or oversized key, a zero cost; [`Error::CostAboveCapacity`] for a cost above the
+    /// [`Error::QueueFull`]; [`Error::UnknownRule`]; [`Error::InvalidArgument`] for a rule that is neither a
+    /// leaky nor a token bucket, an empty or oversized key, a zero cost; [`Error::CostAboveCapacity`] for a cost above the
     /// rule's rate; [`Error::Store`] when the store fails and the rule's `fail_mode` is `closed`.
     pub async fn acquire(&self, rule: &str, key: &str, cost: u64) -> Result<Permit, Error> {
         self.acquire_within(rule, key, cost, None).await
@@ -648,33 +655,42 @@ impl Limiter {
             .ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
         self.validate(&compiled, key, cost)?;
         let algorithm = compiled.rule.algorithm_for(key).clone();
-        let Algorithm::LeakyBucket {
-            rate,
-            per_ms,
-            max_wait_ms,
-        } = algorithm
-        else {
-            return Err(Error::InvalidArgument {
-                name: "rule",
-                reason: format!("acquire needs a leaky_bucket rule; `{rule}` is {}", algorithm.name()),
-            });
+        // The rule's bound on the wait: a leaky bucket's max_wait; for a token bucket, the time to refill its
+        // whole capacity (a caller never waits behind more than one full burst of debt).
+        let rule_max_ms = match &algorithm {
+            Algorithm::LeakyBucket { max_wait_ms, .. } => *max_wait_ms,
+            Algorithm::TokenBucket { bucket, .. } if bucket.rate > 0 => {
+                bucket.capacity.saturating_mul(bucket.per_ms).div_ceil(bucket.rate)
+            }
+            Algorithm::TokenBucket { .. } => 0,
+            other => {
+                return Err(Error::InvalidArgument {
+                    name: "rule",
+                    reason: format!(
+                        "acquire needs a leaky_bucket or token_bucket rule; `{rule}` is {}",
+                        other.name()
+                    ),
+                })
+            }
         };
-        let max_wait_ms = max.map_or(max_wait_ms, |m| {
-            u64::try_from(m.as_millis()).unwrap_or(u64::MAX).min(max_wait_ms)
+        let max_wait_ms = max.map_or(rule_max_ms, |m| {
+            u64::try_from(m.as_millis()).unwrap_or(u64::MAX).min(rule_max_ms)
         });
-        let algorithm = Algorithm::LeakyBucket {
-            rate,
-            per_ms,
-            max_wait_ms,
-        };
         let store_key = self.store_key(&compiled.rule.name, key);
         let started = tokio::time::Instant::now();
         let queue = compiled.queues.entry(key.to_owned()).or_default().clone();
         let waiting = Waiting::new(&compiled);
         // First in, first out: reservations of this process's callers are made in the order they came.
         let turn = queue.lock().await;
-        let call = self.call_for(&algorithm, &store_key, cost, 1);
-        let Some(call) = call else { return Err(Error::ShutDown) };
+        let call = self
+            .acquire_call(&algorithm, &store_key, cost, max_wait_ms, 1)
+            .ok_or_else(|| Error::InvalidArgument {
+                name: "rule",
+                reason: format!(
+                    "acquire needs a leaky_bucket or token_bucket rule; `{rule}` is {}",
+                    algorithm.name()
+                ),
+            })?;
         let (reply, source) = match self.run(&call).await {
             Ok(reply) => (reply, self.inner.store.source()),
             Err(error) => match compiled.fail_mode {
@@ -690,10 +706,8 @@ impl Limiter {
                 FailMode::Closed => return Err(Error::Store(error)),
                 FailMode::Local => {
                     let share = self.inner.expected_processes;
-                    let local = self
-                        .call_for(&algorithm, &store_key, cost, share)
-                        .ok_or(Error::Store(error))?;
-                    (self.inner.fallback.run_sync(&local)?, Source::Fallback)
+                    let local = self.acquire_call(&algorithm, &store_key, cost, max_wait_ms, share);
+                    (self.inner.fallback.run_sync(&local.ok_or(error)?)?, Source::Fallback)
                 }
             },
         };
@@ -724,6 +738,42 @@ impl Limiter {
         compiled.metrics.queue_wait.record(waited.as_secs_f64());
         compiled.metrics.decision(true, source);
         Ok(Permit { waited, cost, source })
+    }
+
+    /// The script call reserving `cost` tokens for an `acquire` (`max_wait_ms` bounding the wait), with the
+    /// limits divided by `share` as in [`Limiter::call_for`].
+    fn acquire_call(
+        &self,
+        algorithm: &Algorithm,
+        store_key: &str,
+        cost: u64,
+        max_wait_ms: u64,
+        share: u64,
+    ) -> Option<Call> {
+        Some(match algorithm {
+            Algorithm::TokenBucket { bucket, .. } => Call::new(
+                Script::TokenAcquire,
+                vec![store_key.to_owned()],
+                vec![
+                    as_arg((bucket.capacity / share).max(1)),
+                    as_arg(bucket.rate),
+                    as_arg(bucket.per_ms.saturating_mul(share)),
+                    as_arg(cost),
+                    as_arg(max_wait_ms),
+                ],
+            ),
+            Algorithm::LeakyBucket { rate, per_ms, .. } => {
+                let n = self.inner.members.fetch_add(1, Ordering::Relaxed);
+                let per = as_arg(per_ms.saturating_mul(share));
+                Call::new(
+                    Script::LeakyBucket,
+                    vec![store_key.to_owned()],
+                    vec![as_arg(*rate), per, as_arg(cost), as_arg(max_wait_ms)],
+                )
+                .with_member(format!("{}-{n}", self.inner.member_prefix))
+            }
+            _ => return None,
+        })
     }
 
     /// Every compiled rule: configured and built in code.
@@ -928,20 +978,8 @@ impl Limiter {
                     as_arg(*ban_ms),
                 ],
             ),
-            Algorithm::LeakyBucket {
-                rate,
-                per_ms,
-                max_wait_ms,
-            } => {
-                // rate / share per period is rate per (share × period).
-                let per = as_arg(per_ms.saturating_mul(share));
-                let n = self.inner.members.fetch_add(1, Ordering::Relaxed);
-                Call::new(
-                    Script::LeakyBucket,
-                    vec![store_key.to_owned()],
-                    vec![as_arg(*rate), per, as_arg(cost), as_arg(*max_wait_ms)],
-                )
-                .with_member(format!("{}-{n}", self.inner.member_prefix))
+            Algorithm::LeakyBucket { max_wait_ms, .. } => {
+                return self.acquire_call(algorithm, store_key, cost, *max_wait_ms, share);
             }
         })
     }

@@ -70,6 +70,94 @@ async fn table(s: &dyn Store, p: &str) {
     }
 }
 
+/// token_acquire.lua: capacity, rate, per_ms, cost, max_wait_ms, now_ms.
+fn acquire_call(key: &str, (capacity, rate, per_ms): (i64, i64, i64), cost: i64, max_wait_ms: i64, now: u64) -> Call {
+    Call::new(
+        Script::TokenAcquire,
+        vec![key.into()],
+        vec![capacity, rate, per_ms, cost, max_wait_ms],
+    )
+    .at(now)
+}
+
+/// Guava's "consume now, pay later" replayed: 5 per second, a burst of 10.
+async fn debt_table(s: &dyn Store, p: &str) {
+    let k = format!("tl:{{debt:{p}}}");
+    let b = (10, 5, 1000);
+    let t0 = 1_700_000_000_000;
+    let steps = [
+        // A full bucket, not in debt: 10 at once, then 10 more at once, into debt (2 s of it).
+        (acquire_call(&k, b, 10, 5_000, t0), r(10, 0, 0, 2_000)),
+        (acquire_call(&k, b, 10, 5_000, t0), r(10, 0, 0, 4_000)),
+        // The next caller pays: it waits the 2 s of debt, and takes its token.
+        (acquire_call(&k, b, 1, 5_000, t0), r(1, 0, 2_000, 4_200)),
+        // A wait over max_wait is refused with the time until it would fit.
+        (acquire_call(&k, b, 1, 1_000, t0), r(0, 0, 1_200, 4_200)),
+        // 2.2 s later the debt is repaid: no wait again.
+        (acquire_call(&k, b, 1, 0, t0 + 2_200), r(1, 0, 0, 2_200)),
+        // check-style callers are refused while the bucket is in debt, with the time until a token is there.
+        (
+            Call::new(Script::TokenBucket, vec![k.clone()], vec![10, 5, 1000, 1, 1]).at(t0 + 2_200),
+            r(0, 0, 400, 2_200),
+        ),
+        // cost above the capacity can never be granted
+        (acquire_call(&k, b, 11, 60_000, t0 + 2_200), r(0, 0, -1, 2_200)),
+    ];
+    for (i, (call, want)) in steps.iter().enumerate() {
+        let got = s.run(call).await.unwrap_or_else(|e| panic!("step {i}: {e}"));
+        assert_eq!(got, *want, "step {i}: {call:?}");
+    }
+}
+
+#[tokio::test]
+async fn debt_table_on_both_stores() {
+    debt_table(&MemoryStore::new(), "mem").await;
+    let server = common::RedisServer::start();
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
+    debt_table(&store, "redis").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn token_bucket_acquire_consumes_now_and_pays_later() {
+    let clock = Arc::new(TokioClock::new());
+    let rule = Rule::token_bucket("api", 3, 5, Duration::from_secs(1)).expect("rule"); // 5 per second, burst 3
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let limiter = Limiter::builder()
+        .clock(clock)
+        .store(store)
+        .rule(rule)
+        .build()
+        .expect("limiter");
+    let mut waits = Vec::new();
+    for _ in 0..7 {
+        waits.push(limiter.acquire("api", "k", 1).await.expect("permit").waited.as_millis());
+    }
+    // A new key starts full: the 3 stored and one more go at once (the last into debt), then every caller
+    // pays 0.2 s for the one before it.
+    assert_eq!(waits, [0, 0, 0, 0, 200, 200, 200]);
+    // After idling, the stored burst is spent before waits start again.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        waits.push(limiter.acquire("api", "k", 1).await.expect("permit").waited.as_millis());
+    }
+    assert_eq!(waits, [0, 0, 0, 0, 200, 200]);
+    // A large acquire is granted at once when not in debt, and the next caller pays for it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        limiter.acquire("api", "k", 3).await.expect("permit").waited,
+        Duration::ZERO
+    );
+    assert_eq!(
+        limiter.acquire("api", "k", 3).await.expect("permit").waited,
+        Duration::ZERO
+    );
+    assert_eq!(
+        limiter.acquire("api", "k", 1).await.expect("permit").waited,
+        Duration::from_millis(600)
+    );
+}
+
 #[tokio::test]
 async fn leaky_table_on_memory_store() {
     table(&MemoryStore::new(), "mem").await;
@@ -178,14 +266,22 @@ async fn a_dropped_acquire_gives_its_place_and_its_slot_back() {
 }
 
 #[tokio::test]
-async fn acquire_needs_a_leaky_rule_and_bad_input_is_an_error() {
+async fn acquire_needs_a_queue_or_bucket_rule_and_bad_input_is_an_error() {
     let limiter = Limiter::builder()
         .rule(Rule::token_bucket("tb", 10, 1, Duration::from_secs(1)).expect("rule"))
         .rule(Rule::leaky_bucket("jobs", 10, Duration::from_secs(1), Duration::from_secs(1)).expect("rule"))
         .build()
         .expect("limiter");
+    assert!(
+        limiter.acquire("tb", "k", 1).await.is_ok(),
+        "token buckets acquire too (debt semantics)"
+    );
+    let window = Limiter::builder()
+        .rule(Rule::sliding_log("w", 1, Duration::from_secs(1)).expect("rule"))
+        .build();
+    let window = window.expect("limiter");
     assert!(matches!(
-        limiter.acquire("tb", "k", 1).await,
+        window.acquire("w", "k", 1).await,
         Err(Error::InvalidArgument { name: "rule", .. })
     ));
     assert!(matches!(

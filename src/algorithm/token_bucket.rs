@@ -1,5 +1,5 @@
-//! Token bucket with lazy refill, in exact integer arithmetic (mirrored by `lua/token_bucket.lua` and
-//! `lua/token_return.lua`).
+//! Token bucket with lazy refill, in exact integer arithmetic (mirrored by `lua/token_bucket.lua`,
+//! `lua/token_return.lua` and `lua/token_acquire.lua`).
 //!
 //! The level is kept in units of `1 / per_ms` token, so a refill of `rate` tokens per `per_ms` milliseconds
 //! adds exactly `rate` units each millisecond: a token due at a millisecond is there at that millisecond and
@@ -22,17 +22,34 @@ pub struct TokenBucket {
 /// The stored state of one bucket: what the Redis hash holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenBucketState {
-    /// Tokens × `per_ms` (so that refill is exact).
-    pub level: u64,
+    /// Tokens × `per_ms` (so that refill is exact). Negative while the bucket is in debt (see
+    /// [`TokenBucket::acquire`]).
+    pub level: i64,
     /// Milliseconds at which `level` was computed.
     pub ts_ms: u64,
+}
+
+/// `ceil(a / b)` for `a ≥ 0`, `b > 0`, in the protocol's signed milliseconds.
+fn ceil_ms(a: i64, b: u64) -> i64 {
+    ms(ceil_div(u64::try_from(a).unwrap_or(0), b))
 }
 
 impl TokenBucket {
     /// The full level in state units.
     #[inline]
-    fn full(&self) -> u64 {
-        self.capacity.saturating_mul(self.per_ms)
+    fn full(&self) -> i64 {
+        i64::try_from(self.capacity.saturating_mul(self.per_ms)).unwrap_or(i64::MAX)
+    }
+
+    #[inline]
+    fn units(&self, tokens: u64) -> i64 {
+        i64::try_from(tokens.saturating_mul(self.per_ms)).unwrap_or(i64::MAX)
+    }
+
+    /// Whole tokens in `level` (floor; negative in debt).
+    #[inline]
+    fn tokens(&self, level: i64) -> i64 {
+        level.div_euclid(ms(self.per_ms))
     }
 
     /// Whether every quantity stays exact in Lua's doubles (capacity × per_ms below 2^53).
@@ -52,7 +69,8 @@ impl TokenBucket {
             Some(s) => {
                 let (mut level, mut ts_ms) = (s.level, s.ts_ms);
                 if now_ms > ts_ms {
-                    level = level.saturating_add((now_ms - ts_ms).saturating_mul(self.rate));
+                    let added = i128::from(now_ms - ts_ms) * i128::from(self.rate);
+                    level = i64::try_from((i128::from(level) + added).min(i128::from(full))).unwrap_or(full);
                     ts_ms = now_ms;
                 }
                 TokenBucketState {
@@ -64,14 +82,14 @@ impl TokenBucket {
     }
 
     /// Milliseconds until `level` reaches full, [`NEVER`] at rate 0.
-    fn reset_after(&self, level: u64) -> i64 {
+    fn reset_after(&self, level: i64) -> i64 {
         let full = self.full();
         if level >= full {
             0
         } else if self.rate == 0 {
             NEVER
         } else {
-            ms(ceil_div(full - level, self.rate))
+            ceil_ms(full - level, self.rate)
         }
     }
 
@@ -88,23 +106,58 @@ impl TokenBucket {
         now_ms: u64,
     ) -> (Option<TokenBucketState>, Reply) {
         let mut s = self.refill(state, now_ms);
-        let per = self.per_ms;
-        let tokens = s.level / per;
+        let tokens = self.tokens(s.level);
         let (mut granted, mut retry_after_ms) = (0, 0);
         if min > self.capacity {
             retry_after_ms = NEVER;
-        } else if tokens >= min {
-            granted = tokens.min(max.max(min));
-            s.level -= granted * per;
+        } else if tokens >= ms(min) {
+            granted = u64::try_from(tokens).unwrap_or(0).min(max.max(min));
+            s.level -= self.units(granted);
         } else if self.rate == 0 {
             retry_after_ms = NEVER;
         } else {
-            retry_after_ms = ms(ceil_div(min * per - s.level, self.rate));
+            retry_after_ms = ceil_ms(self.units(min) - s.level, self.rate);
         }
         let reply = Reply {
             granted,
-            remaining: s.level / per,
+            remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
             retry_after_ms,
+            reset_after_ms: self.reset_after(s.level),
+        };
+        (self.stored(s), reply)
+    }
+
+    /// Guava's "consume now, pay later" (`SmoothBursty`): a caller not behind a debt gets its `cost` tokens at
+    /// once, even more than are there, and the bucket goes into debt; a caller behind a debt waits until it is
+    /// repaid (`retry_after_ms` of a grant is that wait), then takes its tokens, deepening the debt for the
+    /// next. A wait above `max_wait_ms` is refused (`retry_after_ms` = until it would fit). Mirrors
+    /// `lua/token_acquire.lua`.
+    pub fn acquire(
+        &self,
+        state: Option<TokenBucketState>,
+        cost: u64,
+        max_wait_ms: u64,
+        now_ms: u64,
+    ) -> (Option<TokenBucketState>, Reply) {
+        let mut s = self.refill(state, now_ms);
+        let refuse = |retry_after_ms: i64, level: i64| Reply {
+            granted: 0,
+            remaining: u64::try_from(self.tokens(level)).unwrap_or(0),
+            retry_after_ms,
+            reset_after_ms: self.reset_after(level),
+        };
+        if cost > self.capacity || (self.rate == 0 && s.level < self.units(cost)) {
+            return (state, refuse(NEVER, s.level));
+        }
+        let wait = if s.level >= 0 { 0 } else { ceil_ms(-s.level, self.rate) };
+        if wait > ms(max_wait_ms) {
+            return (state, refuse(wait - ms(max_wait_ms), s.level));
+        }
+        s.level -= self.units(cost);
+        let reply = Reply {
+            granted: cost,
+            remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
+            retry_after_ms: wait,
             reset_after_ms: self.reset_after(s.level),
         };
         (self.stored(s), reply)
@@ -127,7 +180,7 @@ impl TokenBucket {
             let s = self.refill(state, now_ms);
             let reply = Reply {
                 granted: 0,
-                remaining: s.level / self.per_ms,
+                remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
                 retry_after_ms: ms(left),
                 reset_after_ms: at_least(self.reset_after(s.level), ms(left)),
             };
@@ -161,15 +214,12 @@ impl TokenBucket {
             );
         };
         let mut s = self.refill(Some(state), now_ms);
-        let before = s.level / self.per_ms;
-        s.level = s
-            .level
-            .saturating_add(tokens.saturating_mul(self.per_ms))
-            .min(self.full());
-        let after = s.level / self.per_ms;
+        let before = self.tokens(s.level);
+        s.level = s.level.saturating_add(self.units(tokens)).min(self.full());
+        let after = self.tokens(s.level);
         let reply = Reply {
-            granted: after - before,
-            remaining: after,
+            granted: u64::try_from(after - before).unwrap_or(0),
+            remaining: u64::try_from(after).unwrap_or(0),
             retry_after_ms: 0,
             reset_after_ms: self.reset_after(s.level),
         };

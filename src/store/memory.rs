@@ -72,7 +72,7 @@ impl MemoryStore {
         let now = call.now_ms.unwrap_or_else(|| self.clock.now_ms());
         let key = call.keys.first().ok_or_else(|| bad_args(call, "no key"))?;
         match call.script {
-            Script::TokenBucket | Script::TokenReturn => {
+            Script::TokenBucket | Script::TokenReturn | Script::TokenAcquire => {
                 let bucket = TokenBucket {
                     capacity: arg(call, 0)?,
                     rate: arg(call, 1)?,
@@ -82,7 +82,9 @@ impl MemoryStore {
                     return Err(bad_args(call, "capacity and per_ms must be at least 1"));
                 }
                 let (a, b) = (arg(call, 3)?, arg(call, 4).unwrap_or(0));
-                if call.script == Script::TokenBucket && (a == 0 || b < a) {
+                if (call.script == Script::TokenBucket && (a == 0 || b < a))
+                    || (call.script == Script::TokenAcquire && a == 0)
+                {
                     return Err(bad_args(call, "need 1 <= min <= max"));
                 }
                 // A second key is the ban; its duration follows max (token_bucket.lua's ARGV[6]).
@@ -94,6 +96,7 @@ impl MemoryStore {
                     };
                     let (new, reply) = match call.script {
                         Script::TokenBucket => bucket.take_banned(old, &mut ban, a, b, ban_ms, now),
+                        Script::TokenAcquire => bucket.acquire(old, a, b, now),
                         _ => bucket.give_back(old, a, now),
                     };
                     let keep = new.is_some() || ban.until_ms > now;

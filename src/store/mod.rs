@@ -36,6 +36,8 @@ pub enum Script {
     LeakyBucket,
     /// `leaky_return.lua`: KEYS queue; ARGV rate, per_ms, cost, member.
     LeakyReturn,
+    /// `token_acquire.lua`: KEYS bucket; ARGV capacity, rate, per_ms, cost, max_wait_ms.
+    TokenAcquire,
 }
 
 impl Script {
@@ -49,6 +51,7 @@ impl Script {
             Self::SlidingWindow => "sliding_window",
             Self::LeakyBucket => "leaky_bucket",
             Self::LeakyReturn => "leaky_return",
+            Self::TokenAcquire => "token_acquire",
         }
     }
 
@@ -62,7 +65,7 @@ impl Script {
     }
 
     /// Every script, in declaration order.
-    pub const ALL: [Script; 7] = [
+    pub const ALL: [Script; 8] = [
         Self::TokenBucket,
         Self::TokenReturn,
         Self::SlidingLog,
@@ -70,6 +73,7 @@ impl Script {
         Self::SlidingWindow,
         Self::LeakyBucket,
         Self::LeakyReturn,
+        Self::TokenAcquire,
     ];
 }
 

@@ -29,6 +29,7 @@ pub fn script_source(s: Script) -> &'static str {
         Script::SlidingWindow => include_str!("../../lua/sliding_window.lua"),
         Script::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
         Script::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
+        Script::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
     }
 }
 
