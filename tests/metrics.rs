@@ -141,3 +141,45 @@ async fn redis_errors_are_counted_by_kind() {
         1
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn queue_depth_and_wait_are_recorded() {
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        let clock = Arc::new(tokenlease::TokioClock::new());
+        let rule = Rule::leaky_bucket("jobs", 10, Duration::from_secs(1), Duration::from_secs(5)).expect("rule");
+        let store = Arc::new(tokenlease::MemoryStore::with_clock(clock.clone()));
+        Limiter::builder().clock(clock).store(store).rule(rule).build()
+    })
+    .expect("limiter");
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let l = limiter.clone();
+            tokio::spawn(async move { l.acquire("jobs", "k", 1).await.expect("permit").waited })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    // A snapshot drains the histograms: keep both.
+    let mut seen = snap.snapshot().into_vec();
+    let depth = seen.iter().find_map(|(k, .., v)| match v {
+        DebugValue::Gauge(g) if k.key().name() == "tokenlease_queue_depth" => Some(g.into_inner()),
+        _ => None,
+    });
+    assert_eq!(depth, Some(2.0), "two callers are waiting for their slots");
+    for t in tasks {
+        let _ = t.await.expect("task");
+    }
+    seen.extend(snap.snapshot().into_vec());
+    let waits: Vec<f64> = seen
+        .iter()
+        .filter(|(k, ..)| k.key().name() == "tokenlease_queue_wait_seconds")
+        .flat_map(|(.., v)| match v {
+            DebugValue::Histogram(h) => h.iter().map(|x| x.into_inner()).collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let mut waits = waits;
+    waits.sort_by(f64::total_cmp);
+    assert_eq!(waits, [0.0, 0.1, 0.2]);
+}
