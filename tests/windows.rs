@@ -505,3 +505,21 @@ async fn a_vip_override_applies_to_matching_keys_only() {
     assert!(limiter.check("post", "vip:2", 5).await.is_ok());
     assert!(limiter.check("post", "user:2", 5).await.is_err());
 }
+
+/// The in-process store forgets a key once its state equals a missing key (as Redis's TTLs do): 100 000 cold
+/// users leave nothing behind a window later.
+#[tokio::test]
+async fn the_memory_store_forgets_idle_keys() {
+    let store = MemoryStore::new();
+    for user in 0..100_000 {
+        let c = fixed(&format!("cold:{user}"), 60_000, 10, 1, 0, -1, T0 + user / 100);
+        assert!(granted(&store, &c).await);
+    }
+    assert_eq!(store.len(), 100_000);
+    // A window later, the next call purges them all.
+    let _ = store
+        .run(&fixed("late", 60_000, 10, 1, 0, -1, T0 + 61_001))
+        .await
+        .expect("store");
+    assert_eq!(store.len(), 1);
+}

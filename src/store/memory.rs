@@ -1,6 +1,7 @@
 //! The in-process store: the embedded default when no Redis is configured, the `local` fail mode's state,
 //! and the second target of every store test. It runs the very math of [`crate::algorithm`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -30,9 +31,22 @@ enum State {
 /// key are atomic just as a Lua script is in Redis.
 #[derive(Debug)]
 pub struct MemoryStore {
-    map: DashMap<String, State>,
+    map: DashMap<String, Entry>,
     clock: Arc<dyn Clock>,
+    /// When idle keys were last purged (ms of the calls' clock).
+    purged_at_ms: AtomicU64,
 }
+
+/// A key's state and when it equals a missing key again (the reply's `reset_after_ms` from the last call,
+/// as Redis's PEXPIRE): then it is dropped, so idle keys do not accumulate.
+#[derive(Debug)]
+struct Entry {
+    state: State,
+    expires_at_ms: u64,
+}
+
+/// How often idle keys are purged, in ms of the calls' clock.
+const PURGE_EVERY_MS: u64 = 1_000;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -51,6 +65,7 @@ impl MemoryStore {
         Self {
             map: DashMap::new(),
             clock,
+            purged_at_ms: AtomicU64::new(0),
         }
     }
 
@@ -71,6 +86,7 @@ impl MemoryStore {
     pub fn run_sync(&self, call: &Call) -> Result<Reply, StoreError> {
         let now = call.now_ms.unwrap_or_else(|| self.clock.now_ms());
         let key = call.keys.first().ok_or_else(|| bad_args(call, "no key"))?;
+        self.purge(now);
         match call.script {
             Script::TokenBucket | Script::TokenReturn | Script::TokenAcquire => {
                 let bucket = TokenBucket {
@@ -89,7 +105,7 @@ impl MemoryStore {
                 }
                 // A second key is the ban; its duration follows max (token_bucket.lua's ARGV[6]).
                 let ban_ms = if call.keys.len() > 1 { arg(call, 5)? } else { 0 };
-                self.update(key, |state| {
+                self.update(key, now, |state| {
                     let (old, mut ban) = match state {
                         Some(State::TokenBucket(s, ban)) => (s, ban),
                         _ => (None, Ban::default()),
@@ -106,7 +122,7 @@ impl MemoryStore {
             Script::SlidingLog => {
                 let (window_ms, limit, cost, ban_ms) = window_args(call, 0, 1, 2, 3)?;
                 let algo = SlidingLog { limit, window_ms };
-                self.update(key, |state| {
+                self.update(key, now, |state| {
                     let (mut log, mut ban) = match state {
                         Some(State::SlidingLog(log, ban)) => (log, ban),
                         _ => Default::default(),
@@ -131,7 +147,7 @@ impl MemoryStore {
                     window_ms,
                     align_ms: u64::try_from(align).ok(),
                 };
-                self.update(key, |state| {
+                self.update(key, now, |state| {
                     let (mut count, mut ban) = match state {
                         Some(State::FixedWindow(count, ban)) => (count, ban),
                         _ => Default::default(),
@@ -155,7 +171,7 @@ impl MemoryStore {
                 } else {
                     0
                 };
-                self.update(key, |state| {
+                self.update(key, now, |state| {
                     let mut tat = match state {
                         Some(State::LeakyBucket(t)) => Some(t),
                         _ => None,
@@ -178,7 +194,7 @@ impl MemoryStore {
                     window_ms,
                     sub_buckets,
                 };
-                self.update(key, |state| {
+                self.update(key, now, |state| {
                     let (mut subs, mut ban) = match state {
                         Some(State::SlidingWindow(subs, ban)) => (subs, ban),
                         _ => Default::default(),
@@ -192,15 +208,25 @@ impl MemoryStore {
     }
 
     /// Applies `f` to the key's state under its shard lock; `None` removes the key.
-    fn update(&self, key: &str, f: impl FnOnce(Option<State>) -> (Option<State>, Reply)) -> Result<Reply, StoreError> {
+    fn update(
+        &self,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(Option<State>) -> (Option<State>, Reply),
+    ) -> Result<Reply, StoreError> {
+        let expiry =
+            |reply: &Reply| u64::try_from(reply.reset_after_ms).map_or(u64::MAX, |ms| now.saturating_add(ms.max(1)));
+        let placeholder = || State::TokenBucket(None, Ban::default());
         Ok(match self.map.entry(key.to_owned()) {
             dashmap::Entry::Occupied(mut e) => {
-                let (new, reply) = f(Some(std::mem::replace(
-                    e.get_mut(),
-                    State::TokenBucket(None, Ban::default()),
-                )));
+                let old = std::mem::replace(&mut e.get_mut().state, placeholder());
+                let was = e.get().expires_at_ms;
+                let alive = was > now;
+                let (new, reply) = f(alive.then_some(old));
+                // Never earlier than before: a call that changes nothing (a refusal) leaves Redis's TTL as it was.
+                let expires_at_ms = if alive { was.max(expiry(&reply)) } else { expiry(&reply) };
                 match new {
-                    Some(s) => *e.get_mut() = s,
+                    Some(state) => *e.get_mut() = Entry { state, expires_at_ms },
                     None => {
                         e.remove();
                     }
@@ -209,12 +235,30 @@ impl MemoryStore {
             }
             dashmap::Entry::Vacant(e) => {
                 let (new, reply) = f(None);
-                if let Some(s) = new {
-                    e.insert(s);
+                if let Some(state) = new {
+                    e.insert(Entry {
+                        state,
+                        expires_at_ms: expiry(&reply),
+                    });
                 }
                 reply
             }
         })
+    }
+
+    /// Drops the keys whose state equals a missing key again, at most once per [`PURGE_EVERY_MS`].
+    fn purge(&self, now: u64) {
+        let last = self.purged_at_ms.load(Ordering::Relaxed);
+        if now < last.saturating_add(PURGE_EVERY_MS) {
+            return;
+        }
+        if self
+            .purged_at_ms
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.map.retain(|_, e| e.expires_at_ms > now);
+        }
     }
 }
 
