@@ -15,6 +15,30 @@ impl Ban {
         (self.until_ms > now_ms).then(|| self.until_ms - now_ms)
     }
 
+    /// The reply to a refusal: bans for `ban_ms` (no-op when 0), whose rest then is the `retry_after` and at
+    /// least the `reset_after`.
+    pub(crate) fn refuse(
+        &mut self,
+        ban_ms: u64,
+        now_ms: u64,
+        remaining: u64,
+        retry_after_ms: i64,
+        reset_after_ms: u64,
+    ) -> Reply {
+        let retry_after_ms = self.breach(ban_ms, now_ms, retry_after_ms);
+        let reset_after_ms = if ban_ms > 0 {
+            reset_after_ms.max(ban_ms)
+        } else {
+            reset_after_ms
+        };
+        Reply {
+            granted: 0,
+            remaining,
+            retry_after_ms,
+            reset_after_ms: ms(reset_after_ms),
+        }
+    }
+
     /// Bans for `ban_ms` from `now_ms` (no-op when `ban_ms` is 0); returns the new retry_after.
     pub(crate) fn breach(&mut self, ban_ms: u64, now_ms: u64, retry_after_ms: i64) -> i64 {
         if ban_ms == 0 {

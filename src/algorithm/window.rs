@@ -9,6 +9,18 @@ use std::collections::VecDeque;
 use super::ban::banned;
 use super::{ms, Ban, Reply, NEVER};
 
+/// Milliseconds from `now_ms` until `need` tokens have left, given `(leaves at ms, tokens)` oldest first;
+/// [`NEVER`] if they never do.
+fn freed_at(leaving: impl Iterator<Item = (u64, u64)>, mut need: u64, now_ms: u64) -> i64 {
+    for (at, n) in leaving {
+        if n >= need {
+            return ms(at.saturating_sub(now_ms));
+        }
+        need -= n;
+    }
+    NEVER
+}
+
 /// Sliding-window log: at most `limit` tokens granted in any window `(now − window_ms, now]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlidingLog {
@@ -46,30 +58,14 @@ impl SlidingLog {
                 reset_after_ms: ms(self.window_ms),
             };
         }
-        let mut retry_after = NEVER;
-        if cost <= self.limit {
-            // The (count + cost − limit)-th oldest grant must leave the window.
-            let mut need = count + cost - self.limit;
-            for (t, n) in log.iter() {
-                if *n >= need {
-                    retry_after = ms(t + self.window_ms - now_ms);
-                    break;
-                }
-                need -= n;
-            }
-        }
-        let retry_after = ban.breach(ban_ms, now_ms, retry_after);
-        let reset_after = if ban_ms > 0 {
-            reset_after.max(ban_ms)
+        // The (count + cost − limit)-th oldest grant must leave the window.
+        let leaving = log.iter().map(|(t, n)| (t + self.window_ms, *n));
+        let retry_after = if cost <= self.limit {
+            freed_at(leaving, count + cost - self.limit, now_ms)
         } else {
-            reset_after
+            NEVER
         };
-        Reply {
-            granted: 0,
-            remaining,
-            retry_after_ms: retry_after,
-            reset_after_ms: ms(reset_after),
-        }
+        ban.refuse(ban_ms, now_ms, remaining, retry_after, reset_after)
     }
 }
 
@@ -136,18 +132,7 @@ impl FixedWindow {
         }
         let retry_after = if cost > self.limit { NEVER } else { ms(ends_in) };
         let reset_after = if state.count > 0 { ends_in } else { 0 };
-        let retry_after = ban.breach(ban_ms, now_ms, retry_after);
-        let reset_after = if ban_ms > 0 {
-            reset_after.max(ban_ms)
-        } else {
-            reset_after
-        };
-        Reply {
-            granted: 0,
-            remaining,
-            retry_after_ms: retry_after,
-            reset_after_ms: ms(reset_after),
-        }
+        ban.refuse(ban_ms, now_ms, remaining, retry_after, reset_after)
     }
 }
 
@@ -196,28 +181,13 @@ impl SlidingWindow {
                 reset_after_ms: ms(until_cur_leaves),
             };
         }
-        let mut retry_after = NEVER;
-        if cost <= self.limit {
-            let mut need = count + cost - self.limit;
-            for (i, c) in live() {
-                if *c >= need {
-                    retry_after = ms((i + n) * sub - now_ms);
-                    break;
-                }
-                need -= c;
-            }
-        }
-        let retry_after = ban.breach(ban_ms, now_ms, retry_after);
-        let reset_after = if ban_ms > 0 {
-            reset_after.max(ban_ms)
+        // Oldest sub-buckets leave first: sub-bucket i at (i + n) × sub.
+        let leaving = live().map(|(i, c)| ((i + n) * sub, *c));
+        let retry_after = if cost <= self.limit {
+            freed_at(leaving, count + cost - self.limit, now_ms)
         } else {
-            reset_after
+            NEVER
         };
-        Reply {
-            granted: 0,
-            remaining,
-            retry_after_ms: retry_after,
-            reset_after_ms: ms(reset_after),
-        }
+        ban.refuse(ban_ms, now_ms, remaining, retry_after, reset_after)
     }
 }
