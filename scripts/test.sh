@@ -14,6 +14,7 @@ fi
 # The packaged service is not needed: the tests start their own servers.
 redis-server --version
 
+# Benchmarks are built (not run) so that they keep compiling; `cargo bench` runs them.
+cargo bench --no-run
 cargo test --release --lib --bins --tests --examples --no-fail-fast "$@"
 cargo test --release --doc
-cargo bench --no-run
