@@ -1210,14 +1210,16 @@ impl Limiter {
 
     /// Evicts the `n` least recently leased keys of a rule, giving their tokens back.
     fn evict_idlest(&self, compiled: &Arc<Compiled>, n: usize) {
+        // A key with a lease in flight stays: the lease would add tokens to a bucket no longer in the map.
         let mut ages: Vec<(u64, String)> = compiled
             .local
             .iter()
+            .filter(|e| !e.lease_in_flight())
             .map(|e| (e.last_used_ns.load(Ordering::Relaxed), e.key().clone()))
             .collect();
         ages.sort_unstable();
         for (_, key) in ages.into_iter().take(n) {
-            if let Some((_, local)) = compiled.local.remove(&key) {
+            if let Some((_, local)) = compiled.local.remove_if(&key, |_, b| !b.lease_in_flight()) {
                 let tokens = local.drain();
                 if tokens > 0 {
                     let this = self.clone();

@@ -218,3 +218,48 @@ async fn a_hot_key_costs_redis_a_call_per_batch() {
     assert!(calls <= 60, "{calls} Redis calls for 20 000 admissions");
     limiter.shutdown().await;
 }
+
+/// The local cache keeps at most `max_local_keys`: the idlest keys are evicted and their tokens given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
+    let rule = Rule::token_bucket("many", 100, 1, Duration::from_secs(3600))
+        .and_then(|r| {
+            r.with_lease(Lease {
+                min_batch: 10,
+                max_batch: 10,
+                ttl: Duration::from_secs(60),
+            })
+        })
+        .expect("rule");
+    let local = tokenlease::config::LocalConfig {
+        max_local_keys: 10,
+        idle_ttl: Duration::from_secs(600),
+    };
+    let limiter = Limiter::builder()
+        .rule(rule)
+        .local(local)
+        .expected_processes(1)
+        .build()
+        .expect("limiter");
+    for user in 0..50 {
+        assert!(
+            limiter
+                .check("many", &format!("user:{user}"), 1)
+                .await
+                .expect("check")
+                .allowed
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while limiter.local_keys() > 10 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(limiter.local_keys() <= 10, "{} local keys", limiter.local_keys());
+    // Each evicted key had 9 unused tokens of its batch of 10.
+    while limiter.stats().returned_tokens < 40 * 9 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(limiter.stats().returned_tokens, 40 * 9);
+    limiter.shutdown().await;
+    assert_eq!(limiter.stats().returned_tokens, 50 * 9);
+}
