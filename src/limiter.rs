@@ -1081,8 +1081,7 @@ impl Limiter {
         }
     }
 
-    /// Starts the key's lease in the background unless one is in flight; `false` when none could be started
-    /// (one is in flight, or the limiter is closing).
+    /// Starts the key's lease in the background unless one is in flight; `false` when one already is.
     fn start_lease(&self, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, cost: u64) -> bool {
         if !local.claim_lease() {
             return false;
