@@ -210,6 +210,8 @@ struct Inner {
     /// Rules built in code and passed to [`Limiter::check_rule`], compiled once.
     adhoc: DashMap<Rule, Arc<Compiled>, foldhash::fast::RandomState>,
     default_fail_mode: FailMode,
+    /// The `[redis]` section the store was built from (`from_config`); a reload may not change it.
+    redis: Option<crate::config::RedisConfig>,
     leased_tokens: AtomicU64,
     returned_tokens: AtomicU64,
     closed: AtomicBool,
@@ -250,6 +252,7 @@ pub struct LimiterBuilder {
     expected_processes: Option<u32>,
     timeout: Option<Duration>,
     local: LocalConfig,
+    redis: Option<crate::config::RedisConfig>,
 }
 
 impl LimiterBuilder {
@@ -361,6 +364,7 @@ impl LimiterBuilder {
             members: AtomicU64::new(0),
             adhoc: DashMap::default(),
             default_fail_mode: self.fail_mode,
+            redis: self.redis,
             leased_tokens: AtomicU64::new(0),
             returned_tokens: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -368,11 +372,7 @@ impl LimiterBuilder {
             cancel: CancellationToken::new(),
         });
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(sweeper(
-                Arc::downgrade(&inner),
-                inner.cancel.clone(),
-                sweep_interval(&inner),
-            ));
+            handle.spawn(sweeper(Arc::downgrade(&inner), inner.cancel.clone()));
         }
         Ok(Limiter { inner })
     }
@@ -397,14 +397,17 @@ fn sweep_interval(inner: &Inner) -> Duration {
         .clamp(Duration::from_millis(5), Duration::from_secs(1))
 }
 
-/// Gives expired leases back and evicts idle keys, every `interval`, until cancelled or the limiter is gone.
-async fn sweeper(inner: Weak<Inner>, cancel: CancellationToken, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Gives expired leases back and evicts idle keys, every quarter of the shortest lease TTL (5 ms to 1 s), until
+/// cancelled or the limiter is gone.
+async fn sweeper(inner: Weak<Inner>, cancel: CancellationToken) {
     loop {
+        // Recomputed each round: a reload may bring shorter lease TTLs.
+        let Some(interval) = inner.upgrade().map(|i| sweep_interval(&i)) else {
+            return;
+        };
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
+            _ = tokio::time::sleep(interval) => {}
         }
         let Some(inner) = inner.upgrade() else { return };
         let limiter = Limiter { inner };
@@ -439,9 +442,10 @@ impl Limiter {
             let store = RedisStore::connect(&redis.url, redis.timeout)?;
             builder = builder
                 .store(Arc::new(store))
-                .key_prefix(redis.key_prefix)
+                .key_prefix(redis.key_prefix.clone())
                 .expected_processes(redis.expected_processes)
                 .timeout(redis.timeout);
+            builder.redis = Some(redis);
         }
         builder.build()
     }
@@ -774,6 +778,80 @@ impl Limiter {
             }
             _ => return None,
         })
+    }
+
+    /// Swaps in the rules of a new configuration without dropping calls in flight (they finish under the rules
+    /// they started with). A rule that is unchanged keeps its local leases; a changed rule applies to existing
+    /// keys from the next call (the shared state in the store is kept: a new capacity or rate takes effect on
+    /// it at once); a removed rule's callers get [`Error::UnknownRule`]; leased tokens of changed and removed
+    /// rules go back to the shared bucket. `[redis] fail_mode` applies to the reloaded rules; rules passed to
+    /// [`Limiter::check_rule`] keep the limiter's first fail mode.
+    ///
+    /// A config that does not parse never gets here ([`Config::from_path`] refuses it with its error), so the
+    /// rules in force stay as they are.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `rule` for duplicate rule names, or `redis` when the store's settings
+    /// (url, key prefix, timeout, expected processes) differ: those need a restart. Nothing changes then.
+    pub fn reload(&self, config: Config) -> Result<(), Error> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        let store_settings =
+            |r: &crate::config::RedisConfig| (r.url.clone(), r.key_prefix.clone(), r.timeout, r.expected_processes);
+        if self.inner.redis.as_ref().map(store_settings) != config.redis.as_ref().map(store_settings) {
+            return Err(Error::InvalidArgument {
+                name: "redis",
+                reason:
+                    "the store's settings (url, key_prefix, timeout, expected_processes) change only with a restart"
+                        .into(),
+            });
+        }
+        let old = self.inner.rules.load_full();
+        let mut rules = RuleMap::default();
+        for rule in config.rules {
+            if rules.contains_key(&rule.name) {
+                return Err(Error::InvalidArgument {
+                    name: "rule",
+                    reason: format!("duplicate rule name `{}`", rule.name),
+                });
+            }
+            let mode = rule.fail_mode.unwrap_or(config.fail_mode);
+            let kept = old
+                .get(&rule.name)
+                .filter(|c| c.rule == rule && c.fail_mode == mode)
+                .cloned();
+            let compiled = kept.unwrap_or_else(|| Arc::new(compile(rule, config.fail_mode)));
+            rules.insert(compiled.rule.name.clone(), compiled);
+        }
+        self.inner.rules.store(Arc::new(rules));
+        let current = self.inner.rules.load();
+        for (name, compiled) in old.iter() {
+            if !current.get(name).is_some_and(|c| Arc::ptr_eq(c, compiled)) {
+                self.retire(compiled);
+            }
+        }
+        tracing::info!(rules = current.len(), "rules reloaded");
+        Ok(())
+    }
+
+    /// Gives every leased token of a rule that is no longer in force back to the shared bucket.
+    fn retire(&self, compiled: &Arc<Compiled>) {
+        for entry in compiled.local.iter() {
+            self.drain_in_background(compiled, entry.value().clone());
+        }
+        compiled.local.clear();
+    }
+
+    /// Takes every token of a local bucket and gives them back in the background.
+    fn drain_in_background(&self, compiled: &Arc<Compiled>, local: Arc<LocalBucket>) {
+        let tokens = local.drain();
+        if tokens > 0 {
+            let (this, compiled) = (self.clone(), compiled.clone());
+            self.inner
+                .tracker
+                .spawn(async move { this.give_back(&compiled, &local, tokens).await });
+        }
     }
 
     /// Every compiled rule: configured and built in code.
@@ -1219,14 +1297,7 @@ impl Limiter {
         ages.sort_unstable();
         for (_, key) in ages.into_iter().take(n) {
             if let Some((_, local)) = compiled.local.remove_if(&key, |_, b| !b.lease_in_flight()) {
-                let tokens = local.drain();
-                if tokens > 0 {
-                    let this = self.clone();
-                    let compiled = compiled.clone();
-                    self.inner
-                        .tracker
-                        .spawn(async move { this.give_back(&compiled, &local, tokens).await });
-                }
+                self.drain_in_background(compiled, local);
             }
         }
     }
