@@ -1,0 +1,136 @@
+//! Hostile input never panics: proptest over config text, keys, costs and durations. Each gives a decision or
+//! a clear error.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokenlease::{Config, Error, Limiter, Rule};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+const FIELDS: &[&str] = &[
+    "capacity",
+    "rate",
+    "per",
+    "limit",
+    "window",
+    "ban",
+    "reset",
+    "utc_offset",
+    "sub_buckets",
+    "max_wait",
+    "lease",
+    "fail_mode",
+    "pattern",
+    "name",
+    "algorithm",
+    "timeout",
+    "url",
+];
+const VALUES: &[&str] = &[
+    "0",
+    "-1",
+    "1",
+    "18446744073709551615",
+    "9007199254740993",
+    "\"1s\"",
+    "\"0ms\"",
+    "\"1.5ms\"",
+    "\"10000000d\"",
+    "\"midnight\"",
+    "\"+08:00\"",
+    "\"+99:99\"",
+    "\"\"",
+    "\"{x}\"",
+    "\"token_bucket\"",
+    "\"leaky_bucket\"",
+    "\"fixed_window\"",
+    "{ min_batch = 0, max_batch = 1, ttl = \"1s\" }",
+    "[1, 2]",
+    "true",
+    "\"ü\u{1F600}\"",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Arbitrary text: an error naming a place, never a panic.
+    #[test]
+    fn any_text_parses_or_errs(text in ".{0,400}") {
+        let _ = Config::from_toml(&text);
+    }
+
+    /// Valid rule tables with some fields replaced by hostile values: each parses or errs, and a parsed rule
+    /// holds what the file said.
+    #[test]
+    fn hostile_rules_parse_or_err(picks in proptest::collection::vec((0..FIELDS.len(), 0..VALUES.len()), 0..4), algo in 0..5usize) {
+        let valid: [&[(&str, &str)]; 5] = [
+            &[("algorithm", "\"token_bucket\""), ("capacity", "10"), ("rate", "1"), ("per", "\"1s\"")],
+            &[("algorithm", "\"fixed_window\""), ("limit", "10"), ("window", "\"1d\"")],
+            &[("algorithm", "\"sliding_log\""), ("limit", "10"), ("window", "\"1s\"")],
+            &[("algorithm", "\"sliding_window\""), ("limit", "10"), ("window", "\"1s\"")],
+            &[("algorithm", "\"leaky_bucket\""), ("rate", "10"), ("per", "\"1s\"")],
+        ];
+        let mut fields: std::collections::BTreeMap<&str, &str> = valid[algo].iter().copied().collect();
+        for (f, v) in &picks {
+            fields.insert(FIELDS[*f], VALUES[*v]);
+        }
+        fields.insert("name", "\"r\"");
+        let text = fields.iter().fold("[[rule]]\n".to_owned(), |t, (f, v)| format!("{t}{f} = {v}\n"));
+        match Config::from_toml(&text) {
+            Ok(config) => {
+                prop_assert_eq!(config.rules.len(), 1);
+                prop_assert_eq!(config.rules[0].name.as_str(), "r");
+            }
+            Err(e) => prop_assert!(e.to_string().starts_with("config"), "{}", e),
+        }
+        if picks.is_empty() {
+            prop_assert!(Config::from_toml(&text).is_ok(), "the valid table must parse: {}", text);
+        }
+    }
+
+    /// Keys (empty, huge, unicode, braces), costs (0 to u64::MAX) and durations (0 to huge) through the API.
+    #[test]
+    fn hostile_calls_decide_or_err(key in "\\PC{0,40}|\\{.*\\}", long in 0usize..3, cost in prop_oneof![Just(0u64), Just(u64::MAX), 0u64..20], secs in prop_oneof![Just(0u64), Just(u64::MAX / 2), 0u64..100_000]) {
+        let rt = runtime();
+        rt.block_on(async {
+            let limiter = Limiter::builder()
+                .rule(Rule::token_bucket("tb", 10, 1, Duration::from_secs(1)).expect("rule"))
+                .rule(Rule::sliding_log("log", 10, Duration::from_secs(60)).expect("rule"))
+                .build()
+                .expect("limiter");
+            let key = if long == 2 { key.repeat(100_000) } else { key };
+            for rule in ["tb", "log", "missing"] {
+                match limiter.check(rule, &key, cost).await {
+                    Ok(_) => {}
+                    Err(Error::InvalidArgument { .. } | Error::CostAboveCapacity { .. } | Error::UnknownRule(_)) => {}
+                    Err(other) => panic!("unexpected {other}"),
+                }
+            }
+            let period = Duration::from_secs(secs);
+            let _ = limiter.is_action_allowed(&key, "act", period, cost).await;
+            let _ = Rule::sliding_log("x", cost, period);
+            let _ = Rule::token_bucket("x", cost, cost, period);
+            let _ = Rule::leaky_bucket("x", cost, period, period);
+            let _ = Rule::fixed_window("x", cost, period).and_then(|r| r.with_ban(period));
+        });
+    }
+}
+
+#[tokio::test]
+async fn a_one_mebibyte_key_is_refused_with_its_name() {
+    let limiter = Limiter::builder()
+        .rule(Rule::sliding_log("log", 1, Duration::from_secs(1)).expect("rule"))
+        .build()
+        .expect("limiter");
+    let key = "k".repeat(1 << 20);
+    match limiter.check("log", &key, 1).await {
+        Err(Error::InvalidArgument { name: "key", reason }) => assert!(reason.contains("1048576 bytes"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
