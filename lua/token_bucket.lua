@@ -65,13 +65,14 @@ end
 local function reset_after_of(l)
   if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
 end
+local function whole(l) if l < 0 then return 0 end return idiv(l, per) end -- remaining: 0 in debt
 local function at_least(reset, ms) if reset == -1 or reset >= ms then return reset end return ms end
 
 if ban_key then
   local banned_until = tonumber(redis.call('GET', ban_key) or '0') or 0
   if banned_until > now then
     local left = banned_until - now
-    return { 0, idiv(level, per), left, at_least(reset_after_of(level), left) }
+        return { 0, whole(level), left, at_least(reset_after_of(level), left) }
   end
 end
 
@@ -104,4 +105,4 @@ if granted > 0 then
     if rate == 0 then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], int(reset_after)) end
   end
 end
-return { granted, idiv(level, per), retry_after, reset_after }
+return { granted, whole(level), retry_after, reset_after }

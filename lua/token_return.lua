@@ -60,4 +60,6 @@ else
   redis.call('HSET', KEYS[1], 'level', int(level), 'ts', int(ts), 'per', int(per))
   if rate == 0 then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], int(reset_after)) end
 end
-return { accepted, idiv(level, per), 0, reset_after }
+local remaining = idiv(level, per)
+if remaining < 0 then remaining = 0 end -- still in debt
+return { accepted, remaining, 0, reset_after }

@@ -321,6 +321,10 @@ impl Config {
                         format!("`{}` is not a redis:// URL", r.url),
                     ));
                 }
+                if r.timeout > Duration::from_secs(60) {
+                    let why = "must be at most 60s: a limiter that waits longer does not limit";
+                    return Err(invalid(line, ctx(), "timeout", why.into()));
+                }
                 if r.timeout.is_zero() {
                     return Err(invalid(line, ctx(), "timeout", "must be longer than zero".into()));
                 }

@@ -80,6 +80,9 @@ pub(crate) struct LocalBucket {
     starved: AtomicBool,
     /// One lease in flight per key per process.
     in_flight: AtomicBool,
+    /// Drained for good (evicted, its rule reloaded, the limiter shut down): no lease starts and a grant that
+    /// arrives is not added (the caller gives it back).
+    retired: AtomicBool,
     /// Last time a lease was started (for idle eviction).
     pub last_used_ns: AtomicU64,
     /// Wakes callers waiting on the lease in flight.
@@ -113,6 +116,7 @@ impl LocalBucket {
             low_watermark: AtomicU64::new(lease.min_batch / 4),
             starved: AtomicBool::new(false),
             in_flight: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
             last_used_ns: AtomicU64::new(now_ns),
             notify: Notify::new(),
             book: Mutex::new(Book {
@@ -180,7 +184,8 @@ impl LocalBucket {
 
     /// Claims the single lease slot of this key; `false` when a lease is already in flight.
     pub(crate) fn claim_lease(&self) -> bool {
-        !self.in_flight.load(Ordering::Acquire)
+        !self.retired.load(Ordering::Acquire)
+            && !self.in_flight.load(Ordering::Acquire)
             && self
                 .in_flight
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
@@ -191,6 +196,11 @@ impl LocalBucket {
     pub(crate) fn finish_lease(&self) {
         self.in_flight.store(false, Ordering::Release);
         self.notify.notify_waiters();
+    }
+
+    /// Whether the bucket was drained for good.
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Whether a lease is in flight.
@@ -234,14 +244,30 @@ impl LocalBucket {
     /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), the
     /// next lease asks for a whole batch as `min` and is not sent before a batch can have accumulated: until
     /// then, callers that find no local tokens are refused locally (DESIGN.md §3, invariant 4).
-    pub(crate) fn add(&self, grant: &Reply, deadline_ns: u64, plan: LeasePlan, bucket: &TokenBucket, now_ns: u64) {
+    ///
+    /// Returns `false`, adding nothing, when the bucket is retired or the deadline has already passed (a late
+    /// reply): the caller gives the grant back.
+    #[must_use = "a grant that is not added must be given back"]
+    pub(crate) fn add(
+        &self,
+        grant: &Reply,
+        deadline_ns: u64,
+        plan: LeasePlan,
+        bucket: &TokenBucket,
+        now_ns: u64,
+    ) -> bool {
         let mut book = self.lock();
+        if self.retired.load(Ordering::Acquire) || now_ns >= deadline_ns {
+            return false;
+        }
         let available = self.available.load(Ordering::Acquire);
         Self::attribute(&mut book, available);
         book.batches.push_back(Batch {
             tokens: grant.granted,
             deadline_ns,
         });
+        // The deadline is in force before the tokens can be spent.
+        self.next_deadline_ns.fetch_min(deadline_ns, Ordering::AcqRel);
         book.saturated = grant.granted < plan.max || grant.remaining < plan.max;
         let total = self.available.fetch_add(grant.granted, Ordering::AcqRel) + grant.granted;
         book.available_after_lease = total;
@@ -260,6 +286,7 @@ impl LocalBucket {
         self.full_at_ns
             .store(now_ns.saturating_add(reset_after_ns), Ordering::Relaxed);
         self.publish_deadline(&book);
+        true
     }
 
     /// Records a refusal: refuse locally for `retry_after_ns` ([`NEVER_NS`]: re-ask after `recheck_ns`).
@@ -316,6 +343,7 @@ impl LocalBucket {
     /// Takes every token (shutdown, eviction) and returns how many, to be given back.
     pub(crate) fn drain(&self) -> u64 {
         let mut book = self.lock();
+        self.retired.store(true, Ordering::Release);
         book.batches.clear();
         book.available_after_lease = 0;
         self.next_deadline_ns.store(NEVER_NS, Ordering::Release);
@@ -379,9 +407,13 @@ mod tests {
             retry_after_ms: 0,
             reset_after_ms: 0,
         };
-        b.add(&grant(10), 200, plan, &bucket, 0);
+        assert!(b.add(&grant(10), 200, plan, &bucket, 0));
         assert_eq!(b.try_take(4, 10), Local::Taken { remaining: 6 });
-        b.add(&grant(10), 300, plan, &bucket, 100);
+        assert!(b.add(&grant(10), 300, plan, &bucket, 100));
+        assert!(
+            !b.add(&grant(10), 150, plan, &bucket, 150),
+            "a reply after its deadline is not added"
+        );
         // 16 left: 6 of the first batch, 10 of the second. At 200 the first batch's 6 expire.
         assert_eq!(b.expire(199), 0);
         assert_eq!(b.expire(200), 6);
@@ -390,6 +422,13 @@ mod tests {
         assert_eq!(b.expire(300), 7);
         assert_eq!(b.available(), 0);
         assert!(!b.has_expired(10_000), "nothing left to expire");
+        assert!(b.add(&grant(5), 20_000, plan, &bucket, 10_000));
+        assert_eq!(b.drain(), 5);
+        assert!(!b.claim_lease(), "a retired bucket starts no lease");
+        assert!(
+            !b.add(&grant(10), 90_000, plan, &bucket, 10_001),
+            "nor takes a grant: it goes back"
+        );
     }
 
     #[test]

@@ -355,7 +355,7 @@ impl LimiterBuilder {
             clock,
             key_prefix,
             expected_processes,
-            lease_wait: timeout.saturating_mul(2) + Duration::from_millis(5),
+            lease_wait: timeout.saturating_mul(2).saturating_add(Duration::from_millis(5)),
             lease_timeout: timeout.saturating_mul(10).max(Duration::from_millis(100)),
             backoff: Duration::from_millis(100).max(timeout),
             local_config: self.local,
@@ -695,6 +695,7 @@ impl Limiter {
                     algorithm.name()
                 ),
             })?;
+        let mut call = call;
         let (reply, source) = match self.run(&call).await {
             Ok(reply) => (reply, self.inner.store.source()),
             Err(error) => match compiled.fail_mode {
@@ -710,8 +711,11 @@ impl Limiter {
                 FailMode::Closed => return Err(Error::Store(error)),
                 FailMode::Local => {
                     let share = self.inner.expected_processes;
-                    let local = self.acquire_call(&algorithm, &store_key, cost, max_wait_ms, share);
-                    (self.inner.fallback.run_sync(&local.ok_or(error)?)?, Source::Fallback)
+                    // The reservation is made (and handed back, if dropped) in this process's share.
+                    call = self
+                        .acquire_call(&algorithm, &store_key, cost, max_wait_ms, share)
+                        .ok_or(error)?;
+                    (self.inner.fallback.run_sync(&call)?, Source::Fallback)
                 }
             },
         };
@@ -1117,7 +1121,22 @@ impl Limiter {
         };
         let clock = &self.inner.clock;
         let give_up_at = clock.now_ns().saturating_add(ns(self.inner.lease_wait));
+        let mut local = local;
         loop {
+            if local.is_retired() {
+                // Evicted or reloaded under us: go on with the key's current bucket (a new one if none).
+                let store_key = local.store_key.clone();
+                let now = clock.now_ns();
+                local = compiled
+                    .local
+                    .entry(key.to_owned())
+                    .or_insert_with(|| Arc::new(LocalBucket::new(store_key, *bucket, *lease, now)))
+                    .clone();
+                if local.is_retired() || self.inner.closed.load(Ordering::Acquire) {
+                    let error = StoreError::timeout("token_bucket", Duration::ZERO);
+                    return self.fallback(compiled, &unleased(bucket), &local.store_key, cost, &error);
+                }
+            }
             let now = clock.now_ns();
             if local.has_expired(now) {
                 self.expire(compiled, &local, now);
@@ -1147,6 +1166,15 @@ impl Limiter {
                 continue;
             }
             if !local.lease_in_flight() && !self.start_lease(compiled, &local, cost) {
+                if self.inner.closed.load(Ordering::Acquire) {
+                    return Decision {
+                        allowed: false,
+                        remaining: 0,
+                        retry_after: Duration::ZERO,
+                        reset_after: Duration::ZERO,
+                        source: Source::Local,
+                    };
+                }
                 continue;
             }
             let wait = Duration::from_nanos(give_up_at.saturating_sub(now));
@@ -1159,9 +1187,10 @@ impl Limiter {
         }
     }
 
-    /// Starts the key's lease in the background unless one is in flight; `false` when one already is.
+    /// Starts the key's lease in the background unless one is in flight; `false` when one already is, the
+    /// bucket is retired or the limiter is shut down.
     fn start_lease(&self, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, cost: u64) -> bool {
-        if !local.claim_lease() {
+        if self.inner.closed.load(Ordering::Acquire) || !local.claim_lease() {
             return false;
         }
         let this = self.clone();
@@ -1174,6 +1203,14 @@ impl Limiter {
     }
 
     async fn lease(&self, compiled: &Compiled, local: &LocalBucket, cost: u64) {
+        /// Releases the key's lease slot however the lease ends (a cancelled task, a panicking store).
+        struct Finish<'a>(&'a LocalBucket);
+        impl Drop for Finish<'_> {
+            fn drop(&mut self) {
+                self.0.finish_lease();
+            }
+        }
+        let _finish = Finish(local);
         let (bucket, lease) = (&local.bucket, &local.lease);
         let clock = &self.inner.clock;
         let sent = clock.now_ns();
@@ -1199,7 +1236,10 @@ impl Limiter {
                 self.inner.leased_tokens.fetch_add(reply.granted, Ordering::Relaxed);
                 // The deadline counts from when the lease was sent: never later than the grant.
                 let deadline = sent.saturating_add(ns(lease.ttl));
-                local.add(&reply, deadline, plan, bucket, now);
+                if self.inner.closed.load(Ordering::Acquire) || !local.add(&reply, deadline, plan, bucket, now) {
+                    // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
+                    self.give_back(compiled, local, reply.granted).await;
+                }
             }
             Ok(reply) => {
                 m.lease_refused.increment(1);
@@ -1216,7 +1256,6 @@ impl Limiter {
                 local.failed(self.inner.backoff, now);
             }
         }
-        local.finish_lease();
     }
 
     /// Expires the key's overdue tokens and gives them back in the background.

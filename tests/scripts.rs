@@ -130,6 +130,28 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             ],
         ),
         (
+            "a rule reloaded with another period rescales the stored level",
+            vec![
+                (take(&k("per"), (10, 10, 1_000), 5, 5, 0), r(5, 5, 0, 500)),
+                (take(&k("per"), (10, 10, 60_000), 1, 1, 0), r(1, 4, 0, 36_000)),
+            ],
+        ),
+        (
+            "a token bucket in debt reports no tokens left, never a negative count",
+            vec![
+                (
+                    Call::new(Script::TokenAcquire, vec![k("debt")], vec![10, 1, 1_000, 10, 60_000]).at(0),
+                    r(10, 0, 0, 10_000),
+                ),
+                (
+                    Call::new(Script::TokenAcquire, vec![k("debt")], vec![10, 1, 1_000, 5, 60_000]).at(0),
+                    r(5, 0, 0, 15_000),
+                ),
+                (take(&k("debt"), (10, 1, 1_000), 1, 1, 0), r(0, 0, 6_000, 15_000)),
+                (give(&k("debt"), (10, 1, 1_000), 2, 0), r(2, 0, 0, 13_000)),
+            ],
+        ),
+        (
             "a clock that steps back does not refill",
             vec![
                 (take(&k("h"), ten_per_10s, 10, 10, 50_000), r(10, 0, 0, 10_000)),

@@ -27,6 +27,8 @@ pub struct TokenBucketState {
     pub level: i64,
     /// Milliseconds at which `level` was computed.
     pub ts_ms: u64,
+    /// The `per_ms` the level is counted in: a rule reloaded with another period rescales it.
+    pub per_ms: u64,
 }
 
 /// `ceil(a / b)` for `a ≥ 0`, `b > 0`, in the protocol's signed milliseconds.
@@ -65,9 +67,14 @@ impl TokenBucket {
             None => TokenBucketState {
                 level: full,
                 ts_ms: now_ms,
+                per_ms: self.per_ms,
             },
             Some(s) => {
                 let (mut level, mut ts_ms) = (s.level, s.ts_ms);
+                if s.per_ms != self.per_ms && s.per_ms > 0 {
+                    let scaled = (i128::from(level) * i128::from(self.per_ms)).div_euclid(i128::from(s.per_ms));
+                    level = i64::try_from(scaled).unwrap_or(full);
+                }
                 if now_ms > ts_ms {
                     let added = i128::from(now_ms - ts_ms) * i128::from(self.rate);
                     level = i64::try_from((i128::from(level) + added).min(i128::from(full))).unwrap_or(full);
@@ -76,6 +83,7 @@ impl TokenBucket {
                 TokenBucketState {
                     level: level.min(full),
                     ts_ms,
+                    per_ms: self.per_ms,
                 }
             }
         }

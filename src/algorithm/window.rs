@@ -50,7 +50,9 @@ impl SlidingLog {
             return banned(left, remaining, reset_after);
         }
         if count + cost <= self.limit {
-            log.push_back((now_ms, cost));
+            // Kept in time order, as the ZSET orders by score, even if a replay's clock steps back.
+            let at = log.partition_point(|(t, _)| *t <= now_ms);
+            log.insert(at, (now_ms, cost));
             return Reply {
                 granted: cost,
                 remaining: self.limit - count - cost,

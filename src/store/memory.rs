@@ -97,7 +97,13 @@ impl MemoryStore {
                 if bucket.capacity == 0 || bucket.per_ms == 0 {
                     return Err(bad_args(call, "capacity and per_ms must be at least 1"));
                 }
-                let (a, b) = (arg(call, 3)?, arg(call, 4).unwrap_or(0));
+                // min and max (token_bucket), tokens (token_return), cost and max_wait_ms (token_acquire).
+                let a = arg(call, 3)?;
+                let b = if call.script == Script::TokenReturn {
+                    0
+                } else {
+                    arg(call, 4)?
+                };
                 if (call.script == Script::TokenBucket && (a == 0 || b < a))
                     || (call.script == Script::TokenAcquire && a == 0)
                 {
