@@ -53,6 +53,7 @@ const BAD: &[(&str, &[&str])] = &[
     ("[redis]\nurl = \"http://localhost\"\n", &["[redis]", "`url`"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\nfail_mode = \"sometimes\"\n", &["sometimes", ":3"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\ntimeout = \"0ms\"\n", &["`timeout`"]),
+    ("[redis]\nurl = \"redis://127.0.0.1\"\ntimeout = \"2m\"\n", &["`timeout`", "at most 60s"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\nkey_prefix = \"a{b\"\n", &["`key_prefix`"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10000000000\nrate = 1\nper = \"1d\"\n", &["2^53"]),
     ("[[rule]]\nname = \"\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`"]),
