@@ -91,6 +91,26 @@ impl RedisServer {
         self.command_calls("evalsha") + self.command_calls("eval")
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a frozen server (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status()
+                .expect("kill");
+            assert!(status.success(), "kill {sig}");
+        }
+    }
+
     /// Stops the server (SIGKILL) and waits for it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

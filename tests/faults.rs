@@ -1,0 +1,95 @@
+//! Redis faults against real redis-server processes: scripts flushed, data flushed, the server frozen.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokenlease::{FailMode, Limiter, RedisStore, Rule, Source};
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+fn limiter(server: &common::RedisServer) -> Limiter {
+    let store = RedisStore::connect(&server.url(), TIMEOUT).expect("store");
+    Limiter::builder()
+        .store(Arc::new(store))
+        .timeout(TIMEOUT)
+        .rule(
+            Rule::token_bucket("tb", 3, 1, Duration::from_secs(3600))
+                .expect("rule")
+                .with_fail_mode(FailMode::Closed),
+        )
+        .rule(
+            Rule::sliding_log("log", 3, Duration::from_secs(3600))
+                .expect("rule")
+                .with_fail_mode(FailMode::Open),
+        )
+        .build()
+        .expect("limiter")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_reloaded_transparently() {
+    let server = common::RedisServer::start();
+    let l = limiter(&server);
+    assert_eq!(l.check("tb", "k", 1).await.expect("check").source, Source::Redis);
+    assert!(server.cmd(&["SCRIPT", "FLUSH"]).expect("flush").contains("OK"));
+    for rule in ["tb", "log"] {
+        let d = l.check(rule, "k", 1).await.expect("check");
+        assert!(
+            d.allowed && d.source == Source::Redis,
+            "{rule}: {d:?} (NOSCRIPT must load the script again)"
+        );
+    }
+}
+
+/// FLUSHALL (or a restart that loses every key) resets every limit: buckets restart full, logs empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_restarts_buckets_full() {
+    let server = common::RedisServer::start();
+    let l = limiter(&server);
+    for rule in ["tb", "log"] {
+        for _ in 0..3 {
+            assert!(l.check(rule, "k", 1).await.expect("check").allowed);
+        }
+        assert!(
+            !l.check(rule, "k", 1).await.expect("check").allowed,
+            "{rule} is used up"
+        );
+    }
+    assert!(server.cmd(&["FLUSHALL"]).expect("flushall").contains("OK"));
+    for rule in ["tb", "log"] {
+        let d = l.check(rule, "k", 1).await.expect("check");
+        assert!(d.allowed && d.source == Source::Redis, "{rule} starts over: {d:?}");
+    }
+}
+
+/// A frozen Redis (SIGSTOP): every call answers within its timeout by fail_mode, none hangs; after SIGCONT the
+/// limiter answers from Redis again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
+    let server = common::RedisServer::start();
+    let l = limiter(&server);
+    assert!(l.check("tb", "k", 1).await.expect("check").allowed);
+    server.freeze();
+    for _ in 0..5 {
+        for (rule, allowed) in [("tb", false), ("log", true)] {
+            let started = Instant::now();
+            let d = l.check(rule, "k", 1).await.expect("a decision, not an error");
+            let took = started.elapsed();
+            assert_eq!((d.allowed, d.source), (allowed, Source::Fallback), "{rule}");
+            // The timeout plus scheduling slack on a loaded 2-core machine.
+            assert!(took < TIMEOUT * 4, "{rule} took {took:?}");
+        }
+    }
+    server.thaw();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = l.check("tb", "k", 1).await.expect("check");
+        if d.source == Source::Redis {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
