@@ -8,6 +8,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod algorithm;
+mod breaker;
 pub mod clock;
 pub mod config;
 pub mod error;

@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::algorithm::{Reply, TokenBucket, NEVER};
+use crate::breaker::{Admit, Breaker};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, LocalConfig};
-use crate::error::{Error, StoreError};
+use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::lease::{Local, LocalBucket, NEVER_NS};
 use crate::rule::{Algorithm, FailMode, Lease, Rule};
 use crate::store::{Call, MemoryStore, RedisStore, Script, Store};
@@ -35,6 +36,10 @@ fn rename_argument(e: Error, names: &[(&'static str, &'static str)]) -> Error {
 
 /// Keys longer than this many bytes are refused with [`Error::InvalidArgument`].
 pub const MAX_KEY_LEN: usize = 512;
+
+/// Transient store failures in a row that open the circuit breaker (it then stays open for 500 ms or the
+/// timeout, whichever is longer, and lets one probe through).
+const BREAKER_FAILURES: u32 = 5;
 
 /// How long a "never" from the shared bucket is cached locally before asking again.
 const NEVER_RECHECK: Duration = Duration::from_secs(1);
@@ -204,6 +209,8 @@ struct Inner {
     backoff: Duration,
     local_config: LocalConfig,
     store_calls: AtomicU64,
+    /// Stops calling a store that keeps failing.
+    breaker: Breaker,
     /// Sliding-log members are `{member_prefix}-{n}`: unique across processes and calls.
     member_prefix: String,
     members: AtomicU64,
@@ -360,6 +367,7 @@ impl LimiterBuilder {
             backoff: Duration::from_millis(100).max(timeout),
             local_config: self.local,
             store_calls: AtomicU64::new(0),
+            breaker: Breaker::new(BREAKER_FAILURES, Duration::from_millis(500).max(timeout)),
             member_prefix: format!("{:x}.{:x}", std::process::id(), clock_seed()),
             members: AtomicU64::new(0),
             adhoc: DashMap::default(),
@@ -971,8 +979,28 @@ impl Limiter {
     }
 
     async fn run(&self, call: &Call) -> Result<Reply, StoreError> {
+        let breaker = &self.inner.breaker;
+        if breaker.admit(self.inner.clock.now_ns()) == Admit::No {
+            return Err(StoreError {
+                kind: StoreErrorKind::Other,
+                script: call.script.name(),
+                message: "circuit open: the store failed repeatedly; not called".into(),
+                source: None,
+            });
+        }
         self.inner.store_calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.store.run(call).await
+        let result = self.inner.store.run(call).await;
+        breaker.record(
+            result.as_ref().err().map(StoreError::is_transient),
+            self.inner.clock.now_ns(),
+        );
+        result
+    }
+
+    /// Whether the circuit breaker in front of the store is open: calls are decided by `fail_mode` without
+    /// reaching the store until a probe succeeds.
+    pub fn circuit_open(&self) -> bool {
+        self.inner.breaker.is_open()
     }
 
     async fn check_store(

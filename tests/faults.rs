@@ -64,8 +64,9 @@ async fn flushall_restarts_buckets_full() {
     }
 }
 
-/// A frozen Redis (SIGSTOP): every call answers within its timeout by fail_mode, none hangs; after SIGCONT the
-/// limiter answers from Redis again by itself.
+/// A frozen Redis (SIGSTOP): every call answers within its timeout by fail_mode, none hangs; the circuit breaker
+/// opens after 5 failures and stops calling; after SIGCONT it half-opens, probes, closes, and the limiter answers
+/// from Redis again by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
     let server = common::RedisServer::start();
@@ -82,11 +83,28 @@ async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
             assert!(took < TIMEOUT * 4, "{rule} took {took:?}");
         }
     }
+    // After 5 failures in a row the circuit breaker opened: callers are answered at once and the frozen
+    // server is not called at all.
+    assert!(l.circuit_open());
+    let calls = l.store_calls();
+    let started = Instant::now();
+    for _ in 0..1000 {
+        let d = l.check("tb", "other", 1).await.expect("decision");
+        assert_eq!((d.allowed, d.source), (false, Source::Fallback));
+    }
+    assert_eq!(l.store_calls(), calls, "an open breaker sends nothing");
+    assert!(
+        started.elapsed() < TIMEOUT,
+        "1000 calls answered in {:?}",
+        started.elapsed()
+    );
     server.thaw();
+    // It half-opens after 500 ms, one probe succeeds, and it closes.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let d = l.check("tb", "k", 1).await.expect("check");
         if d.source == Source::Redis {
+            assert!(!l.circuit_open());
             break;
         }
         assert!(Instant::now() < deadline, "never recovered after SIGCONT");
