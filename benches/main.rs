@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenlease::{Lease, Limiter, RedisStore, Rule};
 
-mod support;
-use support::redis_server;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -85,7 +85,7 @@ fn local_lease_hit_contended(c: &mut Criterion) {
 }
 
 fn redis_paths(c: &mut Criterion) {
-    let server = redis_server();
+    let server = common::RedisServer::start();
     let rt = runtime();
     let url = server.url();
     let build = |rule: Rule| {

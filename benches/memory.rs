@@ -4,7 +4,8 @@
 //! Each algorithm gets one key driven by 1,000,000 decisions spread over a simulated 59 s (`now_ms` steps of
 //! 0.059 ms, 64 calls in flight), then `MEMORY USAGE key SAMPLES 0` (exact for a ZSET's every member).
 
-mod support;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,7 +33,7 @@ fn call(script: Script, key: &str, i: u64) -> Call {
 }
 
 fn main() {
-    let server = support::redis_server();
+    let server = common::RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -74,7 +75,8 @@ fn main() {
             }
         });
         let rate = DECISIONS as f64 / started.elapsed().as_secs_f64();
-        let bytes = server.cli(&["MEMORY", "USAGE", &key, "SAMPLES", "0"]);
+        let bytes = server.cmd(&["MEMORY", "USAGE", &key, "SAMPLES", "0"]).unwrap_or_default();
+        let bytes = bytes.trim();
         println!(
             "| {name} | `{key}` | {} | {bytes} | {rate:.0} |",
             granted.load(Ordering::Relaxed)
