@@ -75,7 +75,9 @@ fn main() {
             }
         });
         let rate = DECISIONS as f64 / started.elapsed().as_secs_f64();
-        let bytes = server.cmd(&["MEMORY", "USAGE", &key, "SAMPLES", "0"]).unwrap_or_default();
+        let bytes = server
+            .cmd(&["MEMORY", "USAGE", &key, "SAMPLES", "0"])
+            .unwrap_or_default();
         let bytes = bytes.trim();
         println!(
             "| {name} | `{key}` | {} | {bytes} | {rate:.0} |",
