@@ -674,26 +674,12 @@ impl Limiter {
             Algorithm::TokenBucket { bucket, .. } if bucket.rate > 0 => {
                 bucket.capacity.saturating_mul(bucket.per_ms).div_ceil(bucket.rate)
             }
-            Algorithm::TokenBucket { .. } => 0,
-            other => {
-                return Err(Error::InvalidArgument {
-                    name: "rule",
-                    reason: format!(
-                        "acquire needs a leaky_bucket or token_bucket rule; `{rule}` is {}",
-                        other.name()
-                    ),
-                })
-            }
+            _ => 0, // refused below: acquire_call has no call for it
         };
         let max_wait_ms = max.map_or(rule_max_ms, |m| {
             u64::try_from(m.as_millis()).unwrap_or(u64::MAX).min(rule_max_ms)
         });
         let store_key = self.store_key(&compiled.rule.name, key);
-        let started = tokio::time::Instant::now();
-        let queue = compiled.queues.entry(key.to_owned()).or_default().clone();
-        let waiting = Waiting::new(&compiled);
-        // First in, first out: reservations of this process's callers are made in the order they came.
-        let turn = queue.lock().await;
         let call = self
             .acquire_call(&algorithm, &store_key, cost, max_wait_ms, 1)
             .ok_or_else(|| Error::InvalidArgument {
@@ -703,6 +689,11 @@ impl Limiter {
                     algorithm.name()
                 ),
             })?;
+        let started = tokio::time::Instant::now();
+        let queue = compiled.queues.entry(key.to_owned()).or_default().clone();
+        let waiting = Waiting::new(&compiled);
+        // First in, first out: reservations of this process's callers are made in the order they came.
+        let turn = queue.lock().await;
         let mut call = call;
         let (reply, source) = match self.run(&call).await {
             Ok(reply) => (reply, self.inner.store.source()),
