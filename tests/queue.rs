@@ -3,10 +3,11 @@
 
 mod common;
 
+use common::r;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokenlease::algorithm::Reply;
 use tokenlease::store::{Call, Script};
 use tokenlease::{Error, Limiter, MemoryStore, RedisStore, Rule, Store, TokioClock};
 
@@ -24,15 +25,6 @@ fn give_back(key: &str, rate: i64, per_ms: i64, cost: i64, member: &str, now: u6
     Call::new(Script::LeakyReturn, vec![key.into()], vec![rate, per_ms, cost])
         .with_member(member)
         .at(now)
-}
-
-fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> Reply {
-    Reply {
-        granted,
-        remaining,
-        retry_after_ms,
-        reset_after_ms,
-    }
 }
 
 async fn table(s: &dyn Store, p: &str) {

@@ -3,22 +3,14 @@
 
 mod common;
 
+use common::r;
+use tokenlease::algorithm::Reply;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenlease::algorithm::Reply;
 use tokenlease::store::{Call, Script};
 use tokenlease::{MemoryStore, RedisStore, Store};
-
-/// `{ granted, remaining, retry_after_ms, reset_after_ms }`.
-fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> Reply {
-    Reply {
-        granted,
-        remaining,
-        retry_after_ms,
-        reset_after_ms,
-    }
-}
 
 fn take(key: &str, (capacity, rate, per_ms): (i64, i64, i64), min: i64, max: i64, now: u64) -> Call {
     Call::new(

@@ -3,11 +3,13 @@
 
 mod common;
 
+use common::r;
+use tokenlease::algorithm::Reply;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenlease::algorithm::Reply;
 use tokenlease::store::{Call, Script};
 use tokenlease::{Limiter, MemoryStore, RedisStore, Rule, Store};
 
@@ -38,15 +40,6 @@ fn fixed(name: &str, window_ms: i64, limit: i64, cost: i64, ban_ms: i64, align_m
 /// sliding_window.lua: window_ms, sub_buckets, limit, cost, ban_ms, now_ms.
 fn counter(name: &str, window_ms: i64, subs: i64, limit: i64, cost: i64, now: u64) -> Call {
     Call::new(Script::SlidingWindow, keys(name), vec![window_ms, subs, limit, cost, 0]).at(now)
-}
-
-fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> Reply {
-    Reply {
-        granted,
-        remaining,
-        retry_after_ms,
-        reset_after_ms,
-    }
 }
 
 async fn expect(store: &dyn Store, call: &Call, want: Reply, what: &str) {

@@ -7,6 +7,16 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The four integers every script replies: `{ granted, remaining, retry_after_ms, reset_after_ms }`.
+pub fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> tokenlease::algorithm::Reply {
+    tokenlease::algorithm::Reply {
+        granted,
+        remaining,
+        retry_after_ms,
+        reset_after_ms,
+    }
+}
+
 /// A running `redis-server`.
 pub struct RedisServer {
     pub port: u16,
