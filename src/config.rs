@@ -208,6 +208,8 @@ struct RawRule {
     #[serde(default, with = "humantime_serde")]
     max_wait: Option<Duration>,
     fail_mode: Option<FailMode>,
+    #[serde(default)]
+    shadow: bool,
     #[serde(default, rename = "override")]
     overrides: Vec<RawOverride>,
 }
@@ -542,5 +544,6 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
         algorithm,
         fail_mode: r.fail_mode,
         overrides: Vec::new(),
+        shadow: r.shadow,
     })
 }

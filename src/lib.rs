@@ -14,6 +14,8 @@ pub mod config;
 pub mod error;
 mod lease;
 pub mod limiter;
+#[cfg(feature = "http")]
+pub mod middleware;
 pub mod rule;
 pub mod store;
 pub mod telemetry;
@@ -22,7 +24,7 @@ pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use config::{Config, ConfigError};
 pub use error::{Error, StoreError, StoreErrorKind};
 pub use limiter::{Decision, Limiter, LimiterBuilder, LimiterStats, Permit};
-pub use rule::{Algorithm, FailMode, Lease, Rule};
+pub use rule::{Algorithm, FailMode, Lease, Quota, Rule};
 pub use store::{MemoryStore, RedisStore, Store};
 pub use telemetry::Source;
 

@@ -16,7 +16,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::{Config, LocalConfig};
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::lease::{Local, LocalBucket, NEVER_NS};
-use crate::rule::{Algorithm, FailMode, Lease, Rule};
+use crate::rule::{Algorithm, FailMode, Lease, Quota, Rule};
 use crate::store::{Call, MemoryStore, RedisStore, Script, Store};
 use crate::telemetry::{self, RuleMetrics, Source};
 
@@ -60,6 +60,9 @@ pub struct Decision {
     pub reset_after: Duration,
     /// Where the decision was made.
     pub source: Source,
+    /// The rule is in shadow mode ([`Rule::shadow`]) and would have refused this call: `allowed` is true anyway
+    /// and `retry_after` zero.
+    pub shadowed: bool,
 }
 
 impl Decision {
@@ -70,6 +73,7 @@ impl Decision {
             retry_after: protocol_ms(reply.retry_after_ms),
             reset_after: protocol_ms(reply.reset_after_ms),
             source,
+            shadowed: false,
         }
     }
 }
@@ -190,6 +194,23 @@ struct Compiled {
     queues: DashMap<String, Arc<tokio::sync::Mutex<()>>, foldhash::fast::RandomState>,
     /// Callers of this rule waiting in a queue now.
     waiting: std::sync::atomic::AtomicI64,
+}
+
+impl Compiled {
+    /// Counts a decision and applies shadow mode: a shadow rule's refusal is counted as `shadow_rejected` and
+    /// returned as an allowance.
+    #[inline]
+    fn record(&self, mut decision: Decision) -> Decision {
+        if self.rule.shadow && !decision.allowed {
+            self.metrics.shadow_rejected(decision.source);
+            decision.allowed = true;
+            decision.shadowed = true;
+            decision.retry_after = Duration::ZERO;
+        } else {
+            self.metrics.decision(decision.allowed, decision.source);
+        }
+        decision
+    }
 }
 
 #[derive(Debug)]
@@ -484,8 +505,7 @@ impl Limiter {
                     let now = self.inner.clock.now_ns();
                     if !local.has_expired(now) {
                         if let Some(decision) = self.decide_locally(compiled, local.value(), cost, now) {
-                            compiled.metrics.decision(decision.allowed, decision.source);
-                            return Ok(decision);
+                            return Ok(compiled.record(decision));
                         }
                     }
                 }
@@ -514,8 +534,7 @@ impl Limiter {
             }
             _ => self.check_store(compiled, algorithm, key, cost).await?,
         };
-        compiled.metrics.decision(decision.allowed, decision.source);
-        Ok(decision)
+        Ok(compiled.record(decision))
     }
 
     /// Like [`Limiter::check`], for a rule built in code rather than configured (compiled once and cached by
@@ -884,6 +903,7 @@ impl Limiter {
                     retry_after: Duration::ZERO,
                     reset_after: Duration::from_nanos(local.reset_after_ns(now)),
                     source: Source::Local,
+                    shadowed: false,
                 })
             }
             Local::Exhausted { retry_after_ns } => Some(Decision {
@@ -896,6 +916,7 @@ impl Limiter {
                 },
                 reset_after: Duration::from_nanos(local.reset_after_ns(now)),
                 source: Source::Local,
+                shadowed: false,
             }),
             Local::Empty => None,
         }
@@ -935,6 +956,16 @@ impl Limiter {
     /// user in one Redis Cluster slot.
     pub fn store_key(&self, rule: &str, key: &str) -> String {
         format!("{}:{{{rule}:{key}}}", self.inner.key_prefix)
+    }
+
+    /// The quota `rule` gives `key` (its override's when one matches), for the HTTP `RateLimit-Policy` header;
+    /// `None` for an unknown rule.
+    pub fn quota(&self, rule: &str, key: &str) -> Option<Quota> {
+        self.inner
+            .rules
+            .load()
+            .get(rule)
+            .map(|c| c.rule.algorithm_for(key).quota())
     }
 
     /// Store calls made so far by this limiter (leases, returns and direct checks).
@@ -1101,6 +1132,7 @@ impl Limiter {
             retry_after,
             reset_after: Duration::ZERO,
             source: Source::Fallback,
+            shadowed: false,
         };
         match compiled.fail_mode {
             FailMode::Open => decision(true, Duration::ZERO),
@@ -1175,6 +1207,7 @@ impl Limiter {
                     retry_after: Duration::from_millis(1),
                     reset_after: Duration::from_nanos(local.reset_after_ns(now)),
                     source: Source::Local,
+                    shadowed: false,
                 };
             }
             local.mark_starved();
@@ -1192,6 +1225,7 @@ impl Limiter {
                         retry_after: Duration::ZERO,
                         reset_after: Duration::ZERO,
                         source: Source::Local,
+                        shadowed: false,
                     };
                 }
                 continue;

@@ -108,6 +108,32 @@ impl Algorithm {
         }
     }
 
+    /// The quota this algorithm grants, as advertised to HTTP clients (the `q` and `w` of the IETF draft's
+    /// `RateLimit-Policy`, draft-ietf-httpapi-ratelimit-headers): `limit` tokens per window. A token bucket's
+    /// window is the time to refill its whole capacity (none when its rate is 0); a leaky bucket's is `per`.
+    pub fn quota(&self) -> Quota {
+        let window = |ms: u64| Some(Duration::from_millis(ms));
+        match self {
+            Self::TokenBucket { bucket, .. } => Quota {
+                limit: bucket.capacity,
+                window: (bucket.rate > 0).then(|| {
+                    let ms = u128::from(bucket.capacity) * u128::from(bucket.per_ms) / u128::from(bucket.rate);
+                    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+                }),
+            },
+            Self::FixedWindow { limit, window_ms, .. }
+            | Self::SlidingLog { limit, window_ms, .. }
+            | Self::SlidingWindow { limit, window_ms, .. } => Quota {
+                limit: *limit,
+                window: window(*window_ms),
+            },
+            Self::LeakyBucket { rate, per_ms, .. } => Quota {
+                limit: *rate,
+                window: window(*per_ms),
+            },
+        }
+    }
+
     /// The most one call can ever be granted, in tokens: larger costs get [`crate::Error::CostAboveCapacity`].
     pub fn capacity(&self) -> u64 {
         match self {
@@ -118,6 +144,15 @@ impl Algorithm {
             Self::LeakyBucket { rate, .. } => *rate,
         }
     }
+}
+
+/// A rule's quota: `limit` tokens per `window` (see [`Algorithm::quota`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Tokens per window.
+    pub limit: u64,
+    /// The window; `None` when the allowance never comes back (a token bucket with rate 0).
+    pub window: Option<Duration>,
 }
 
 /// A named rule: what to limit and how.
@@ -131,6 +166,10 @@ pub struct Rule {
     pub fail_mode: Option<FailMode>,
     /// Other limits for keys matching a pattern, most specific first.
     pub overrides: Vec<Override>,
+    /// Shadow mode: the rule decides and counts (outcome `shadow_rejected` in `tokenlease_decisions_total`) but
+    /// every check is allowed, so a new rule can be tried on live traffic. [`crate::Decision::shadowed`] tells
+    /// the caller which calls it would have refused.
+    pub shadow: bool,
 }
 
 /// Other limits for the keys that match `pattern` (VIP users, a partner's API key): same algorithm, other numbers.
@@ -193,16 +232,14 @@ impl Rule {
     ) -> Result<Self, crate::Error> {
         let bucket = token_bucket_params(capacity, rate, per)
             .map_err(|(name, reason)| crate::Error::InvalidArgument { name, reason })?;
-        Ok(Self {
-            name: name.into(),
-            algorithm: Algorithm::TokenBucket {
+        Self::named(
+            name,
+            Algorithm::TokenBucket {
                 bucket,
                 lease: None,
                 ban_ms: 0,
             },
-            fail_mode: None,
-            overrides: Vec::new(),
-        })
+        )
     }
 
     /// A sliding-window log rule (seeds 000–002): at most `limit` tokens in any `window`, exact.
@@ -340,6 +377,7 @@ impl Rule {
             algorithm,
             fail_mode: None,
             overrides: Vec::new(),
+            shadow: false,
         })
     }
 
@@ -409,6 +447,12 @@ impl Rule {
         }
         *slot = Some(lease);
         Ok(self)
+    }
+
+    /// Puts the rule in shadow mode (see [`Rule::shadow`]): it decides and counts, but allows every check.
+    pub fn with_shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
     }
 
     /// Sets this rule's own `fail_mode`.

@@ -8,7 +8,8 @@ use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, SharedString
 
 use crate::error::StoreErrorKind;
 
-/// Decisions, by `rule`, `outcome` (`allowed`/`rejected`) and `source` (`local`/`redis`/`memory`/`fallback`).
+/// Decisions, by `rule`, `outcome` (`allowed`/`rejected`, or `shadow_rejected` for a refusal a shadow rule turned
+/// into an allowance) and `source` (`local`/`redis`/`memory`/`fallback`).
 pub const DECISIONS_TOTAL: &str = "tokenlease_decisions_total";
 /// Lease calls to the store, by `rule` and `result` (`granted`/`partial`/`refused`/`error`).
 pub const LEASES_TOTAL: &str = "tokenlease_leases_total";
@@ -44,17 +45,46 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         DECISIONS_TOTAL,
-        "Rate-limit decisions by rule, outcome and where they were made"
+        Unit::Count,
+        "Rate-limit decisions by rule, outcome (allowed, rejected, shadow_rejected) and source (local, redis, memory, fallback)"
     );
-    describe_counter!(LEASES_TOTAL, "Lease calls to the shared bucket by rule and result");
-    describe_counter!(LEASED_TOKENS_TOTAL, "Tokens leased from the shared bucket");
-    describe_counter!(RETURNED_TOKENS_TOTAL, "Leased tokens given back unused");
-    describe_gauge!(OUTSTANDING_TOKENS, "Tokens leased and not yet spent or returned");
-    describe_histogram!(REDIS_DURATION_SECONDS, Unit::Seconds, "Store script call latency");
-    describe_counter!(REDIS_ERRORS_TOTAL, "Failed store script calls by kind");
-    describe_gauge!(LOCAL_KEYS, "Keys held in the local lease cache");
-    describe_gauge!(QUEUE_DEPTH, "Callers waiting in a queue");
-    describe_histogram!(QUEUE_WAIT_SECONDS, Unit::Seconds, "Time callers waited in a queue");
+    describe_counter!(
+        LEASES_TOTAL,
+        Unit::Count,
+        "Lease calls to the shared bucket by rule and result (granted, partial, refused, error)"
+    );
+    describe_counter!(
+        LEASED_TOKENS_TOTAL,
+        Unit::Count,
+        "Tokens leased from the shared bucket, by rule"
+    );
+    describe_counter!(
+        RETURNED_TOKENS_TOTAL,
+        Unit::Count,
+        "Leased tokens given back unused, by rule"
+    );
+    describe_gauge!(
+        OUTSTANDING_TOKENS,
+        Unit::Count,
+        "Tokens leased and not yet spent or returned: the most this process can still admit without Redis"
+    );
+    describe_histogram!(
+        REDIS_DURATION_SECONDS,
+        Unit::Seconds,
+        "Store script call latency in seconds, by script"
+    );
+    describe_counter!(
+        REDIS_ERRORS_TOTAL,
+        Unit::Count,
+        "Failed store script calls by script and kind (timeout, io, noscript, cluster, other)"
+    );
+    describe_gauge!(LOCAL_KEYS, Unit::Count, "Keys held in the local lease cache");
+    describe_gauge!(QUEUE_DEPTH, Unit::Count, "Callers waiting in a queue, by rule");
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time callers waited in a queue in seconds, by rule"
+    );
 }
 
 /// Where a decision was made: the `source` label.
@@ -89,6 +119,7 @@ impl Source {
 pub(crate) struct RuleMetrics {
     allowed: [Counter; 4],
     rejected: [Counter; 4],
+    shadow_rejected: [Counter; 4],
     pub(crate) lease_granted: Counter,
     pub(crate) lease_partial: Counter,
     pub(crate) lease_refused: Counter,
@@ -108,6 +139,7 @@ impl RuleMetrics {
         Self {
             allowed: Source::ALL.map(|s| decision("allowed", s)),
             rejected: Source::ALL.map(|s| decision("rejected", s)),
+            shadow_rejected: Source::ALL.map(|s| decision("shadow_rejected", s)),
             lease_granted: lease("granted"),
             lease_partial: lease("partial"),
             lease_refused: lease("refused"),
@@ -128,6 +160,11 @@ impl RuleMetrics {
         } else {
             self.rejected[i].increment(1);
         }
+    }
+
+    /// A refusal that a shadow rule turned into an allowance.
+    pub(crate) fn shadow_rejected(&self, source: Source) {
+        self.shadow_rejected[source as usize].increment(1);
     }
 }
 

@@ -1,8 +1,9 @@
-//! The `tokenlease` command: validate a config, run the flash-sale simulation.
+//! The `tokenlease` command: validate a config, run the flash-sale simulation, serve the limiter over HTTP.
 //!
 //! Thin by design: everything it does goes through the library's `Limiter`.
 
 mod flash_sale;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +27,8 @@ enum Command {
     },
     /// Simulate a flash sale: P processes × T tasks hammering one hot key.
     FlashSale(flash_sale::Args),
+    /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, GET /metrics, GET /healthz.
+    Serve(serve::Args),
     /// One worker process of `flash-sale` (spawned by it).
     #[command(hide = true)]
     FlashSaleWorker {
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::CheckConfig { path } => check_config(path),
         Command::FlashSale(args) => flash_sale::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::FlashSaleWorker { spec } => flash_sale::worker(&spec),
     };
     match result {
@@ -55,22 +59,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// The Prometheus exporter's builder with the histogram buckets of `tokenlease::telemetry`.
+pub(crate) fn prometheus_builder() -> Result<metrics_exporter_prometheus::PrometheusBuilder, String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use tokenlease::telemetry::{QUEUE_BUCKETS, QUEUE_WAIT_SECONDS, REDIS_BUCKETS, REDIS_DURATION_SECONDS};
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(REDIS_DURATION_SECONDS.into()), REDIS_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(QUEUE_WAIT_SECONDS.into()), QUEUE_BUCKETS))
+        .map_err(|e| format!("cannot set the histogram buckets: {e}"))
+}
+
 /// Installs the Prometheus exporter on `listen` (call inside the tokio runtime, before building the limiter).
 pub(crate) fn install_exporter(listen: std::net::SocketAddr) -> Result<(), String> {
-    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    PrometheusBuilder::new()
+    prometheus_builder()?
         .with_http_listener(listen)
-        .set_buckets_for_metric(
-            Matcher::Full(tokenlease::telemetry::REDIS_DURATION_SECONDS.into()),
-            tokenlease::telemetry::REDIS_BUCKETS,
-        )
-        .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full(tokenlease::telemetry::QUEUE_WAIT_SECONDS.into()),
-                tokenlease::telemetry::QUEUE_BUCKETS,
-            )
-        })
-        .and_then(|b| b.install())
+        .install()
         .map_err(|e| format!("cannot serve metrics on {listen}: {e}"))?;
     tokenlease::telemetry::describe();
     Ok(())

@@ -1,0 +1,284 @@
+//! `tokenlease serve`: the HTTP sidecar, so that services in any language share the very same buckets.
+//!
+//! | route | does |
+//! | --- | --- |
+//! | `POST /v1/check` `{rule, key, cost?}` | 200 or 429 with the decision as JSON and the rate-limit headers |
+//! | `POST /v1/acquire` `{rule, key, cost?}` | waits for a queue slot (at most the rule's `max_wait`): 200, or 429 |
+//! | `GET /metrics` | the Prometheus metrics |
+//! | `GET /healthz` | 200 when the store answers, 503 when not |
+//!
+//! SIGHUP reloads the config file (a file that does not parse changes nothing); SIGTERM or Ctrl-C stop
+//! accepting requests, let those in flight finish (at most [`GRACE`]), and give every leased token back.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use tokenlease::middleware::{error_response, error_status, insert_headers, insert_retry_after};
+use tokenlease::{Config, Decision, Error, Limiter};
+use tokio_util::sync::CancellationToken;
+
+/// Request bodies above this many bytes are refused (413): a key is at most 512 bytes.
+const MAX_BODY: usize = 16 * 1024;
+
+/// How long requests in flight may take to finish after SIGTERM before the sidecar stops anyway.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// How often the Prometheus recorder drains its histograms.
+const UPKEEP: Duration = Duration::from_secs(5);
+
+/// Serve the limiter over HTTP (check, acquire, /metrics, /healthz).
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The config file; SIGHUP reloads it.
+    #[arg(long, default_value = "config.toml")]
+    config: PathBuf,
+    /// Address to listen on, for requests and /metrics.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+}
+
+#[derive(Clone)]
+struct AppState {
+    limiter: Limiter,
+    metrics: PrometheusHandle,
+}
+
+pub(crate) fn run(args: Args) -> Result<ExitCode, String> {
+    let config = Config::from_path(&args.config).map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(serve(args, config))
+}
+
+async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
+    // The recorder goes in before the limiter registers its metric handles.
+    let metrics = crate::prometheus_builder()?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    tokenlease::telemetry::describe();
+    let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
+    let state = AppState {
+        limiter: limiter.clone(),
+        metrics: metrics.clone(),
+    };
+    let app = Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/acquire", post(acquire))
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(healthz))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!(
+        "tokenlease serve: listening on http://{addr} ({})",
+        args.config.display()
+    );
+
+    let stop = CancellationToken::new();
+    let background = tokio_util::task::TaskTracker::new();
+    background.spawn(stop.clone().run_until_cancelled_owned(upkeep(metrics)));
+    background.spawn(
+        stop.clone()
+            .run_until_cancelled_owned(reload_on_sighup(limiter.clone(), args.config)),
+    );
+    background.spawn(stop_on_signal(stop.clone()));
+    background.close();
+
+    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+    tokio::select! {
+        served = server => served.map_err(|e| format!("serving failed: {e}"))?,
+        () = async { stop.cancelled().await; tokio::time::sleep(GRACE).await } => {
+            eprintln!("tokenlease serve: requests still in flight after {GRACE:?}; stopping anyway");
+        }
+    }
+    stop.cancel();
+    limiter.shutdown().await;
+    background.wait().await;
+    eprintln!("tokenlease serve: stopped; leased tokens given back");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Cancels `stop` on SIGTERM or Ctrl-C.
+async fn stop_on_signal(stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot watch SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+        () = stop.cancelled() => return,
+    }
+    eprintln!("tokenlease serve: stopping");
+    stop.cancel();
+}
+
+/// Reloads `path` on every SIGHUP; a file that does not parse, or changes the store, keeps the rules in force.
+async fn reload_on_sighup(limiter: Limiter, path: PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch SIGHUP, so no reload: {e}");
+            return;
+        }
+    };
+    while hangup.recv().await.is_some() {
+        let reloaded = Config::from_path(&path)
+            .map_err(Error::from)
+            .and_then(|c| limiter.reload(c));
+        match reloaded {
+            Ok(()) => eprintln!("tokenlease serve: reloaded {}", path.display()),
+            Err(e) => eprintln!("tokenlease serve: kept the rules in force: {e}"),
+        }
+    }
+}
+
+async fn upkeep(metrics: PrometheusHandle) {
+    let mut every = tokio::time::interval(UPKEEP);
+    loop {
+        every.tick().await;
+        metrics.run_upkeep();
+    }
+}
+
+/// The body of `/v1/check` and `/v1/acquire`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ask {
+    rule: String,
+    key: String,
+    #[serde(default = "one")]
+    cost: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Ask {
+    /// Parses a request body; a bad one is answered 400 with serde's message (field, line and column).
+    fn parse(body: &[u8]) -> Result<Self, Box<Response>> {
+        serde_json::from_slice(body).map_err(|e| {
+            let message = format!(
+                "the body must be JSON {{\"rule\": string, \"key\": string, \"cost\": integer ≥ 1 (default 1)}}: {e}"
+            );
+            Box::new(error_response(StatusCode::BAD_REQUEST, &message))
+        })
+    }
+}
+
+/// Milliseconds for JSON; `null` for "never".
+fn ms(d: Duration) -> serde_json::Value {
+    if d == Duration::MAX {
+        serde_json::Value::Null
+    } else {
+        json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+fn with_json(status: StatusCode, body: &serde_json::Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+async fn check(State(state): State<AppState>, body: Bytes) -> Response {
+    let ask = match Ask::parse(&body) {
+        Ok(ask) => ask,
+        Err(response) => return *response,
+    };
+    let decision: Decision = match state.limiter.check(&ask.rule, &ask.key, ask.cost).await {
+        Ok(d) => d,
+        Err(e) => return error_response(error_status(&e), &e.to_string()),
+    };
+    let status = if decision.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let mut response = with_json(
+        status,
+        &json!({
+            "allowed": decision.allowed,
+            "remaining": decision.remaining,
+            "retry_after_ms": ms(decision.retry_after),
+            "reset_after_ms": ms(decision.reset_after),
+            "source": decision.source.as_str(),
+            "shadowed": decision.shadowed,
+        }),
+    );
+    let quota = state.limiter.quota(&ask.rule, &ask.key);
+    insert_headers(response.headers_mut(), &ask.rule, quota, &decision);
+    response
+}
+
+async fn acquire(State(state): State<AppState>, body: Bytes) -> Response {
+    let ask = match Ask::parse(&body) {
+        Ok(ask) => ask,
+        Err(response) => return *response,
+    };
+    // A client that hangs up drops this future, and with it its place in the queue.
+    match state.limiter.acquire(&ask.rule, &ask.key, ask.cost).await {
+        Ok(permit) => with_json(
+            StatusCode::OK,
+            &json!({
+                "waited_ms": ms(permit.waited),
+                "cost": permit.cost,
+                "source": permit.source.as_str(),
+            }),
+        ),
+        Err(e) => {
+            let mut response = error_response(error_status(&e), &e.to_string());
+            if let Error::QueueFull { retry_after, .. } = e {
+                insert_retry_after(response.headers_mut(), retry_after);
+            }
+            response
+        }
+    }
+}
+
+async fn render_metrics(State(state): State<AppState>) -> Response {
+    let mut response = state.metrics.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    let store = state.limiter.store_source().as_str();
+    match state.limiter.ping().await {
+        Ok(()) => with_json(StatusCode::OK, &json!({ "status": "ok", "store": store })),
+        Err(e) => with_json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "status": "unavailable", "store": store, "error": e.to_string() }),
+        ),
+    }
+}
