@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Runs every test of tokenlease. Installs what the tests need on a fresh machine (redis-server), then runs
-# cargo test; the tests start their own redis-server processes on free loopback ports.
+# Runs every test of tokenlease. Installs what the tests need on a fresh machine (redis-server, prometheus), then runs
+# cargo test; the tests start their own redis-server and prometheus processes on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "installing redis-server (the tests run against a real Redis)" >&2
+# Debian packages the tests run for real: redis-server; prometheus and promtool (tests/operations.rs scrapes the
+# sidecar and checks the dashboards' queries and the alert rules).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+{ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing ${missing[*]} (the tests run against the real servers)" >&2
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 # The packaged service is not needed: the tests start their own servers.
 redis-server --version
+promtool --version 2>&1 | sed -n 1p
 
 # Benchmarks are built (not run) so that they keep compiling; `cargo bench` runs them.
 cargo bench --no-run

@@ -400,6 +400,8 @@ impl LimiterBuilder {
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
         });
+        // Registered at 0 now, so a scrape shows it before the first sweep.
+        telemetry::local_keys(0);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(sweeper(Arc::downgrade(&inner), inner.cancel.clone()));
         }

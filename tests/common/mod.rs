@@ -24,7 +24,8 @@ pub struct RedisServer {
     dir: PathBuf,
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on (bound once, then released).
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local addr").port()
 }
