@@ -82,8 +82,13 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// `redis://host:port/db`.
+    /// `redis://host:port/db` of one server; empty when `cluster` is set.
+    #[serde(default)]
     pub url: String,
+    /// `redis://host:port` of some masters of a Redis Cluster (the others are discovered); empty for one
+    /// server. Exactly one of `url` and `cluster` is set.
+    #[serde(default)]
+    pub cluster: Vec<String>,
     /// Prefix of every key: `{prefix}:{rule:key}`.
     #[serde(default = "default_prefix")]
     pub key_prefix: String,
@@ -315,13 +320,23 @@ impl Config {
                 let line = line_of(spanned.span().start);
                 let r = spanned.into_inner();
                 let ctx = || "[redis] ".to_owned();
-                if redis::parse_redis_url(&r.url).is_none() {
-                    return Err(invalid(
-                        line,
-                        ctx(),
-                        "url",
-                        format!("`{}` is not a redis:// URL", r.url),
-                    ));
+                match (r.url.is_empty(), r.cluster.is_empty()) {
+                    (true, true) => {
+                        let why = "is required: the server's redis:// URL (or `cluster`: a list of them)";
+                        return Err(invalid(line, ctx(), "url", why.into()));
+                    }
+                    (false, false) => {
+                        let why = "and `cluster` are both set: give one server's `url` or the cluster's nodes";
+                        return Err(invalid(line, ctx(), "url", why.into()));
+                    }
+                    _ => {}
+                }
+                let field = if r.cluster.is_empty() { "url" } else { "cluster" };
+                let urls = std::iter::once(&r.url).filter(|u| !u.is_empty()).chain(&r.cluster);
+                for url in urls {
+                    if redis::parse_redis_url(url).is_none() {
+                        return Err(invalid(line, ctx(), field, format!("`{url}` is not a redis:// URL")));
+                    }
                 }
                 if r.timeout > Duration::from_secs(60) {
                     let why = "must be at most 60s: a limiter that waits longer does not limit";

@@ -470,7 +470,11 @@ impl Limiter {
                     reason: "a Redis store needs a tokio runtime".into(),
                 });
             }
-            let store = RedisStore::connect(&redis.url, redis.timeout)?;
+            let store = if redis.cluster.is_empty() {
+                RedisStore::connect(&redis.url, redis.timeout)?
+            } else {
+                RedisStore::connect_cluster(&redis.cluster, redis.timeout)?
+            };
             builder = builder
                 .store(Arc::new(store))
                 .key_prefix(redis.key_prefix.clone())
@@ -816,18 +820,25 @@ impl Limiter {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `rule` for duplicate rule names, or `redis` when the store's settings
-    /// (url, key prefix, timeout, expected processes) differ: those need a restart. Nothing changes then.
+    /// (url, cluster, key prefix, timeout, expected processes) differ: those need a restart. Nothing changes then.
     pub fn reload(&self, config: Config) -> Result<(), Error> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::ShutDown);
         }
-        let store_settings =
-            |r: &crate::config::RedisConfig| (r.url.clone(), r.key_prefix.clone(), r.timeout, r.expected_processes);
+        let store_settings = |r: &crate::config::RedisConfig| {
+            (
+                r.url.clone(),
+                r.cluster.clone(),
+                r.key_prefix.clone(),
+                r.timeout,
+                r.expected_processes,
+            )
+        };
         if self.inner.redis.as_ref().map(store_settings) != config.redis.as_ref().map(store_settings) {
             return Err(Error::InvalidArgument {
                 name: "redis",
                 reason:
-                    "the store's settings (url, key_prefix, timeout, expected_processes) change only with a restart"
+                    "the store's settings (url, cluster, key_prefix, timeout, expected_processes) change only with a restart"
                         .into(),
             });
         }

@@ -1,10 +1,14 @@
 //! The Redis store: each call is one `EVALSHA` of a script of `lua/` (`EVAL` and a reload on `NOSCRIPT`,
-//! which `redis::Script` does), over a [`ConnectionManager`] that reconnects by itself, under a timeout.
+//! which `redis::Script` does), under a timeout, over a [`ConnectionManager`] that reconnects by itself, or a
+//! Redis Cluster connection that follows `MOVED` and `ASK` redirections and refreshes its slot map. Every key a
+//! script touches shares one hash tag (`{rule:key}`), so each call goes to one slot (DESIGN.md invariant 5).
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 
 use super::{BoxFuture, Call, Script, Store};
 use crate::algorithm::Reply;
@@ -33,10 +37,57 @@ pub fn script_source(s: Script) -> &'static str {
     }
 }
 
-/// Runs the scripts against one Redis server.
+/// The connection: one server, or a cluster (connected on first use, so the cluster may be down at start).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(Arc<Cluster>),
+}
+
+/// A cluster's client, and its connection once made.
+struct Cluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+/// A connection ready for one call.
+enum Active {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Active {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Runs the scripts against one Redis server or a Redis Cluster.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     timeout: Duration,
     metrics: Vec<ScriptMetrics>,
 }
@@ -79,8 +130,55 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(err)?;
+        Ok(Self::with_conn(Conn::Single(conn), timeout))
+    }
+
+    /// A store for the Redis Cluster reached through `nodes` (`redis://host:port` of some of its masters), whose
+    /// every call gives up after `timeout`. It connects on the first call (so the cluster may be down at start),
+    /// discovers the other nodes and the slot map, follows `MOVED` and `ASK` redirections (a resharding) and
+    /// refreshes the slot map when a node fails over.
+    ///
+    /// # Errors
+    /// [`StoreError`] of kind `Other` when `nodes` is empty or a URL is malformed.
+    pub fn connect_cluster(nodes: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(timeout.max(Duration::from_millis(100)))
+            // As for one server: the longest a lease may wait; calls have their own, shorter, timeouts.
+            .response_timeout(timeout.saturating_mul(10).max(Duration::from_millis(100)))
+            .retries(3)
+            .max_retry_wait(100)
+            .build()
+            .map_err(|e| StoreError {
+                kind: StoreErrorKind::Other,
+                script: "connect",
+                message: e.to_string(),
+                source: Some(Box::new(e)),
+            })?;
+        let conn = Conn::Cluster(Arc::new(Cluster {
+            client,
+            conn: tokio::sync::OnceCell::new(),
+        }));
+        Ok(Self::with_conn(conn, timeout))
+    }
+
+    fn with_conn(conn: Conn, timeout: Duration) -> Self {
         let metrics = Script::ALL.iter().map(|s| ScriptMetrics::new(s.name())).collect();
-        Ok(Self { conn, timeout, metrics })
+        Self { conn, timeout, metrics }
+    }
+
+    /// The connection to send a call on: for a cluster, connected on first use (and retried on the next call
+    /// when that fails).
+    async fn active(&self) -> redis::RedisResult<Active> {
+        match &self.conn {
+            Conn::Single(conn) => Ok(Active::Single(conn.clone())),
+            Conn::Cluster(cluster) => {
+                let conn = cluster
+                    .conn
+                    .get_or_try_init(|| cluster.client.get_async_connection())
+                    .await?;
+                Ok(Active::Cluster(conn.clone()))
+            }
+        }
     }
 
     /// The timeout of every call.
@@ -107,11 +205,11 @@ impl RedisStore {
         if let Some(now) = call.now_ms {
             invocation.arg(now);
         }
-        let mut conn = self.conn.clone();
         let metrics = self.metrics.get(call.script as usize);
         let started = Instant::now();
         let timeout = call.timeout.unwrap_or(self.timeout);
-        let result = tokio::time::timeout(timeout, invocation.invoke_async::<Vec<i64>>(&mut conn)).await;
+        let invoke = async { invocation.invoke_async::<Vec<i64>>(&mut self.active().await?).await };
+        let result = tokio::time::timeout(timeout, invoke).await;
         if let Some(m) = metrics {
             m.duration.record(started.elapsed().as_secs_f64());
         }
@@ -167,9 +265,11 @@ impl Store for RedisStore {
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let cmd = redis::cmd("PING");
-            let ping = cmd.query_async::<String>(&mut conn);
+            let ping = async {
+                redis::cmd("PING")
+                    .query_async::<String>(&mut self.active().await?)
+                    .await
+            };
             match tokio::time::timeout(self.timeout.max(Duration::from_millis(200)), ping).await {
                 Err(_) => Err(StoreError::timeout("ping", self.timeout)),
                 Ok(Err(e)) => Err(classify("ping", e)),

@@ -254,7 +254,12 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     // Pick the store.
     let mut private = None;
     let mut processes = args.processes;
-    let configured = config.redis.as_ref().map(|r| r.url.clone());
+    // The simulation runs on one server; a cluster's nodes are not used (a private server is started instead).
+    let configured = config
+        .redis
+        .as_ref()
+        .map(|r| r.url.clone())
+        .filter(|url| !url.is_empty());
     let force_memory = args.redis.as_deref() == Some("memory");
     let (store_desc, url) = match configured {
         _ if force_memory => {

@@ -85,8 +85,12 @@ fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
     println!("{}: ok", path.display());
     match &config.redis {
         Some(r) => println!(
-            "  store: redis {} (timeout {:?}, fail_mode {})",
-            r.url,
+            "  store: {} (timeout {:?}, fail_mode {})",
+            if r.cluster.is_empty() {
+                format!("redis {}", r.url)
+            } else {
+                format!("redis cluster {}", r.cluster.join(", "))
+            },
             r.timeout,
             r.fail_mode.as_str()
         ),
