@@ -51,6 +51,9 @@ const BAD: &[(&str, &[&str])] = &[
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"90m\"\nreset = \"hour\"\n", &["`window`"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1s\"\n[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", ":6", "earlier rule"]),
     ("[redis]\nurl = \"http://localhost\"\n", &["[redis]", "`url`"]),
+    ("[redis]\ntimeout = \"5ms\"\n", &["[redis]", "`url`", "is required", "cluster"]),
+    ("[redis]\nurl = \"redis://a\"\ncluster = [\"redis://b:7000\"]\n", &["`url`", "both set"]),
+    ("[redis]\ncluster = [\"redis://b:7000\", \"b:7001\"]\n", &["`cluster`", "`b:7001` is not a redis:// URL"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\nfail_mode = \"sometimes\"\n", &["sometimes", ":3"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\ntimeout = \"0ms\"\n", &["`timeout`"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\ntimeout = \"2m\"\n", &["`timeout`", "at most 60s"]),
@@ -152,4 +155,13 @@ window = "1s"
         err.contains("`limit`") && err.contains("override `vip:*`") && err.contains(":1"),
         "{err}"
     );
+}
+
+#[test]
+fn a_cluster_is_a_list_of_nodes() {
+    let config = Config::from_toml("[redis]\ncluster = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n")
+        .expect("cluster config");
+    let redis = config.redis.expect("[redis]");
+    assert_eq!(redis.cluster, ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
+    assert!(redis.url.is_empty());
 }
