@@ -971,6 +971,11 @@ impl Limiter {
         format!("{}:{{{rule}:{key}}}", self.inner.key_prefix)
     }
 
+    /// Whether `rule` is in shadow mode ([`Rule::shadow`]); false for an unknown rule.
+    pub fn is_shadow(&self, rule: &str) -> bool {
+        self.inner.rules.load().get(rule).is_some_and(|c| c.rule.shadow)
+    }
+
     /// The quota `rule` gives `key` (its override's when one matches), for the HTTP `RateLimit-Policy` header;
     /// `None` for an unknown rule.
     pub fn quota(&self, rule: &str, key: &str) -> Option<Quota> {

@@ -81,6 +81,15 @@ pub fn insert_headers(headers: &mut HeaderMap, rule: &str, quota: Option<Quota>,
     }
 }
 
+/// Writes the headers of `decision`, made by `rule` of `limiter` for `key`, with [`insert_headers`] and the
+/// rule's quota for that key; nothing for a shadow rule, which stays invisible to clients (a client that read
+/// `r=0` would slow down).
+pub fn insert_decision_headers(headers: &mut HeaderMap, limiter: &Limiter, rule: &str, key: &str, decision: &Decision) {
+    if !limiter.is_shadow(rule) {
+        insert_headers(headers, rule, limiter.quota(rule, key), decision);
+    }
+}
+
 /// Sets `Retry-After` to `retry_after` in whole seconds, rounded up; leaves it out for [`Duration::MAX`]
 /// ("never").
 pub fn insert_retry_after(headers: &mut HeaderMap, retry_after: Duration) {
@@ -117,8 +126,10 @@ pub fn error_response(status: StatusCode, message: &str) -> Response<Body> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeySource {
-    /// A request header (an API key, a user id set by an authenticating proxy, `X-Forwarded-For`); a request
-    /// without it is answered 400.
+    /// A request header (an API key, a user id set by an authenticating proxy, the client address your proxy
+    /// sets, such as `X-Real-IP`); a request without it is answered 400. The whole value is the key, so use a
+    /// header the proxy overwrites: a client can send its own `X-Forwarded-For`, which a proxy appends to, and
+    /// get a new key on every request.
     Header(HeaderName),
     /// The peer's IP address, from axum's `ConnectInfo<SocketAddr>` (serve with
     /// `into_make_service_with_connect_info::<SocketAddr>()`; without it every request is answered 500).
@@ -264,7 +275,6 @@ where
                 Ok(decision) => decision,
                 Err(e) => return Ok(error_response(error_status(&e), &e.to_string())),
             };
-            let quota = limiter.quota(rule, &key);
             let mut response = if decision.allowed {
                 inner.call(request).await?
             } else {
@@ -274,7 +284,7 @@ where
                 };
                 error_response(StatusCode::TOO_MANY_REQUESTS, &message)
             };
-            insert_headers(response.headers_mut(), rule, quota, &decision);
+            insert_decision_headers(response.headers_mut(), limiter, rule, &key, &decision);
             Ok(response)
         })
     }

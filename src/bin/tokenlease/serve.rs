@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
-use tokenlease::middleware::{error_response, error_status, insert_headers, insert_retry_after};
+use tokenlease::middleware::{error_response, error_status, insert_decision_headers, insert_retry_after};
 use tokenlease::{Config, Decision, Error, Limiter};
 use tokio_util::sync::CancellationToken;
 
@@ -233,8 +233,7 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Response {
             "shadowed": decision.shadowed,
         }),
     );
-    let quota = state.limiter.quota(&ask.rule, &ask.key);
-    insert_headers(response.headers_mut(), &ask.rule, quota, &decision);
+    insert_decision_headers(response.headers_mut(), &state.limiter, &ask.rule, &ask.key, &decision);
     response
 }
 
