@@ -1,15 +1,18 @@
--- token_return.lua — give leased but unused tokens back to a token bucket, capped at its capacity.
+-- token_return.lua — give leased but unused tokens back to a token bucket, capped at its capacity; or, with a
+-- negative count, charge it with tokens admitted elsewhere (a debit).
 --
 -- KEYS[1]  the bucket (same hash as token_bucket.lua: level = tokens × per_ms, ts, per)
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
--- ARGV[4]  tokens     tokens given back, integer ≥ 0
+-- ARGV[4]  tokens     tokens given back, integer; negative: a debit of that many tokens, admitted by a process
+--                     on its own (fail_mode "local") while Redis failed, so that its return to the shared
+--                     bucket is not a second burst. A debit may put the bucket in debt, down to −capacity.
 -- ARGV[5]  now_ms     optional; when absent the Redis server's TIME is used
 --
 -- Reply: { accepted, remaining, 0, reset_after_ms }
---   accepted        whole tokens actually added (what would overflow the capacity is dropped)
---   remaining       whole tokens in the bucket afterwards
+--   accepted        whole tokens actually added (what would overflow the capacity is dropped); 0 for a debit
+--   remaining       whole tokens in the bucket afterwards (0 in debt)
 --   reset_after_ms  ms until the bucket is full again; -1 when never (rate 0)
 -- A missing key is a full bucket: nothing can be added to it. Mirrors src/algorithm/token_bucket.rs.
 
@@ -26,7 +29,7 @@ local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 local now = tonumber(ARGV[5])
-if not (capacity and rate and per and n) or capacity < 1 or rate < 0 or per < 1 or n < 0 then
+if not (capacity and rate and per and n) or capacity < 1 or rate < 0 or per < 1 then
   return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens)')
 end
 if not now then
@@ -38,7 +41,8 @@ local full = capacity * per
 local state = redis.call('HMGET', KEYS[1], 'level', 'ts', 'per')
 local level, ts, old_per = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
 if level == nil or ts == nil then
-  return { 0, capacity, 0, 0 }
+  if n >= 0 then return { 0, capacity, 0, 0 } end
+  level, ts = full, now
 end
 if old_per and old_per ~= per and old_per > 0 then level = idiv(level * per, old_per) end
 if now > ts then
@@ -47,10 +51,16 @@ if now > ts then
 end
 if level > full then level = full end
 
-local before = idiv(level, per)
-level = level + n * per
-if level > full then level = full end
-local accepted = idiv(level, per) - before
+local accepted = 0
+if n >= 0 then
+  local before = idiv(level, per)
+  level = level + n * per
+  if level > full then level = full end
+  accepted = idiv(level, per) - before
+else
+  level = level + n * per
+  if level < -full then level = -full end
+end
 
 local reset_after = 0
 if level >= full then

@@ -242,6 +242,9 @@ struct Inner {
     redis: Option<crate::config::RedisConfig>,
     leased_tokens: AtomicU64,
     returned_tokens: AtomicU64,
+    /// Token-bucket keys that `fail_mode = "local"` decided while the store failed, with their shared bucket:
+    /// what they admitted alone is charged to the shared bucket before the store decides for them again.
+    unsettled: DashMap<String, TokenBucket, foldhash::fast::RandomState>,
     closed: AtomicBool,
     tracker: TaskTracker,
     cancel: CancellationToken,
@@ -396,6 +399,7 @@ impl LimiterBuilder {
             redis: self.redis,
             leased_tokens: AtomicU64::new(0),
             returned_tokens: AtomicU64::new(0),
+            unsettled: DashMap::default(),
             closed: AtomicBool::new(false),
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
@@ -1058,7 +1062,10 @@ impl Limiter {
             });
         };
         match self.run(&call).await {
-            Ok(reply) => Ok(Decision::from_reply(&reply, cost, self.inner.store.source())),
+            Ok(reply) => {
+                self.settle(&store_key).await;
+                Ok(Decision::from_reply(&reply, cost, self.inner.store.source()))
+            }
             Err(e) => Ok(self.fallback(compiled, algorithm, &store_key, cost, &e)),
         }
     }
@@ -1070,13 +1077,7 @@ impl Limiter {
         let keys = || vec![store_key.to_owned(), format!("{store_key}:ban")];
         Some(match algorithm {
             Algorithm::TokenBucket { bucket, ban_ms, .. } => {
-                // rate / share per period is rate per (share × period): exact.
-                let b = TokenBucket {
-                    capacity: (bucket.capacity / share).max(1),
-                    rate: bucket.rate,
-                    per_ms: bucket.per_ms.saturating_mul(share),
-                };
-                let mut call = token_bucket_call(store_key, &b, cost, cost);
+                let mut call = token_bucket_call(store_key, &local_share(bucket, share), cost, cost);
                 if *ban_ms > 0 {
                     call.keys = keys();
                     call.args.push(as_arg(*ban_ms));
@@ -1135,6 +1136,40 @@ impl Limiter {
     }
 
     /// Decides by the rule's `fail_mode` after a store failure.
+    /// Charges the shared bucket of `store_key` with the tokens `fail_mode = "local"` admitted for it alone and
+    /// that its local share has not refilled yet, so that the return to the shared limits is not a second burst
+    /// on top of the local one. Called once the store answers for the key again (a debit may put the bucket in
+    /// debt, so the order does not matter); a debit that fails is tried again next time. The local share is then
+    /// refilled, so the same tokens are never charged twice.
+    async fn settle(&self, store_key: &str) {
+        if self.inner.unsettled.is_empty() {
+            return;
+        }
+        let Some((store_key, bucket)) = self.inner.unsettled.remove(store_key) else {
+            return;
+        };
+        let local = local_share(&bucket, self.inner.expected_processes);
+        let Ok(now) = self.inner.fallback.run_sync(&token_return_call(&store_key, &local, 0)) else {
+            return;
+        };
+        let spent = local.capacity.saturating_sub(now.remaining);
+        if spent == 0 {
+            return;
+        }
+        match self.run(&token_return_call(&store_key, &bucket, -as_arg(spent))).await {
+            Ok(_) => {
+                tracing::debug!(key = %store_key, tokens = spent, "charged what fail_mode local admitted");
+                let _ = self
+                    .inner
+                    .fallback
+                    .run_sync(&token_return_call(&store_key, &local, as_arg(spent)));
+            }
+            Err(_) => {
+                self.inner.unsettled.insert(store_key, bucket);
+            }
+        }
+    }
+
     fn fallback(
         &self,
         compiled: &Compiled,
@@ -1157,6 +1192,9 @@ impl Limiter {
             FailMode::Closed => decision(false, self.inner.backoff),
             FailMode::Local => {
                 let share = self.inner.expected_processes;
+                if let Algorithm::TokenBucket { bucket, .. } = algorithm {
+                    self.inner.unsettled.insert(store_key.to_owned(), *bucket);
+                }
                 let call = self.call_for(algorithm, store_key, cost, share);
                 match call.map(|c| self.inner.fallback.run_sync(&c)) {
                     Some(Ok(reply)) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
@@ -1293,6 +1331,9 @@ impl Limiter {
         // timed out after Redis granted it would strand its tokens.
         call.timeout = Some(self.inner.lease_timeout);
         let result = self.run(&call).await;
+        if result.is_ok() {
+            self.settle(&local.store_key).await;
+        }
         let now = clock.now_ns();
         tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, "lease");
         let m = &compiled.metrics;
@@ -1454,6 +1495,25 @@ fn unleased(bucket: &TokenBucket) -> Algorithm {
 
 fn as_arg(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// One process's share of a bucket shared by `share` processes: `capacity / share` tokens, refilled at
+/// `rate / share` per period, which is `rate` per `share × per` (exact).
+fn local_share(bucket: &TokenBucket, share: u64) -> TokenBucket {
+    TokenBucket {
+        capacity: (bucket.capacity / share).max(1),
+        rate: bucket.rate,
+        per_ms: bucket.per_ms.saturating_mul(share),
+    }
+}
+
+/// `token_return.lua`'s call: `tokens` back to the bucket, or a debit of `-tokens` when negative.
+fn token_return_call(store_key: &str, b: &TokenBucket, tokens: i64) -> Call {
+    Call::new(
+        Script::TokenReturn,
+        vec![store_key.to_owned()],
+        vec![as_arg(b.capacity), as_arg(b.rate), as_arg(b.per_ms), tokens],
+    )
 }
 
 fn token_bucket_call(store_key: &str, b: &TokenBucket, min: u64, max: u64) -> Call {

@@ -25,6 +25,16 @@ fn limiter(server: &common::RedisServer) -> Limiter {
         })
         .expect("rule")
         .with_fail_mode(FailMode::Closed);
+    let leased_local = Rule::token_bucket("leased_local", 100, 1, Duration::from_secs(3600))
+        .and_then(|r| {
+            r.with_lease(Lease {
+                min_batch: 1,
+                max_batch: 10,
+                ttl: Duration::from_secs(60),
+            })
+        })
+        .expect("rule")
+        .with_fail_mode(FailMode::Local);
     let store = RedisStore::connect(&server.url(), TIMEOUT).expect("store");
     Limiter::builder()
         .store(Arc::new(store))
@@ -34,6 +44,7 @@ fn limiter(server: &common::RedisServer) -> Limiter {
         .rule(rule("closed", FailMode::Closed))
         .rule(rule("local", FailMode::Local))
         .rule(leased)
+        .rule(leased_local)
         .build()
         .expect("limiter")
 }
@@ -121,4 +132,45 @@ async fn a_limiter_builds_while_redis_is_down() {
         assert!(Instant::now() < deadline, "never connected");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Allowed decisions of `rule` on `key` until `calls` calls were made by `source`.
+async fn admitted_by(l: &Limiter, rule: &str, key: &str, source: Source, calls: usize) -> u32 {
+    let mut allowed = 0;
+    let mut made = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while made < calls {
+        let d = timed(l, rule, key).await;
+        if d.source == source || (source == Source::Redis && d.source == Source::Local) {
+            made += 1;
+            allowed += u32::from(d.allowed);
+        } else {
+            assert!(
+                Instant::now() < deadline,
+                "{rule}: no decision by {source:?} within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
+    let mut server = common::RedisServer::start();
+    let l = limiter(&server);
+    server.stop();
+    // Alone, the process admits its share: capacity 8 / 4 processes = 2; 100 / 4 = 25 for the leased rule.
+    assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 2);
+    assert_eq!(admitted_by(&l, "leased_local", "k", Source::Fallback, 40).await, 25);
+
+    // Redis is back (empty: its buckets are full, as they would be after a long partition). What the process
+    // admitted alone is charged to them, so the shared limit holds across the outage: 8 − 2 and 100 − 25 more,
+    // not another 8 and 100. The refill (1 per hour) adds nothing in between.
+    server.restart();
+    assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 12).await, 6);
+    // Leased: at most 75; under a batch (10) may stay in Redis, since a saturated key waits for a whole batch.
+    let leased = admitted_by(&l, "leased_local", "k", Source::Redis, 120).await;
+    assert!((65..=75).contains(&leased), "admitted {leased} after the outage");
+    l.shutdown().await;
 }

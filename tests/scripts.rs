@@ -144,6 +144,17 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             ],
         ),
         (
+            "a debit (fail_mode local's admissions) takes from a full bucket, into debt, not below −capacity",
+            vec![
+                (give(&k("d"), ten_per_10s, -4, 0), r(0, 6, 0, 4_000)),
+                (take(&k("d"), ten_per_10s, 6, 6, 0), r(6, 0, 0, 10_000)),
+                (give(&k("d"), ten_per_10s, -10, 0), r(0, 0, 0, 20_000)),
+                (give(&k("d"), ten_per_10s, -5, 0), r(0, 0, 0, 20_000)),
+                (take(&k("d"), ten_per_10s, 1, 1, 10_000), r(0, 0, 1_000, 10_000)),
+                (take(&k("d"), ten_per_10s, 1, 1, 11_000), r(1, 0, 0, 10_000)),
+            ],
+        ),
+        (
             "a clock that steps back does not refill",
             vec![
                 (take(&k("h"), ten_per_10s, 10, 10, 50_000), r(10, 0, 0, 10_000)),
@@ -241,7 +252,8 @@ async fn redis_and_memory_agree_on_a_random_sequence() {
         let key = format!("tl:{{r:{cap}:{rate}:{per}}}");
         now += next(2_000);
         let call = if next(4) == 0 {
-            give(&key, (cap, rate, per), i64::try_from(next(10)).expect("n"), now)
+            // Returns and debits alike: −10 to 9 tokens.
+            give(&key, (cap, rate, per), i64::try_from(next(20)).expect("n") - 10, now)
         } else {
             let min = 1 + i64::try_from(next(u64::try_from(cap).expect("cap"))).expect("min");
             take(

@@ -234,6 +234,26 @@ impl TokenBucket {
         (self.stored(s), reply)
     }
 
+    /// Charges `tokens` admitted elsewhere at `now_ms` (a process that decided alone under
+    /// `fail_mode = "local"` while the store failed): the level goes down by `tokens`, into debt if need be, but
+    /// not below −capacity. A missing bucket is full. The reply's `granted` is 0.
+    pub fn debit(
+        &self,
+        state: Option<TokenBucketState>,
+        tokens: u64,
+        now_ms: u64,
+    ) -> (Option<TokenBucketState>, Reply) {
+        let mut s = self.refill(state, now_ms);
+        s.level = s.level.saturating_sub(self.units(tokens)).max(-self.full());
+        let reply = Reply {
+            granted: 0,
+            remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
+            retry_after_ms: 0,
+            reset_after_ms: self.reset_after(s.level),
+        };
+        (self.stored(s), reply)
+    }
+
     /// A full bucket equals a missing key: store nothing.
     fn stored(&self, s: TokenBucketState) -> Option<TokenBucketState> {
         (s.level < self.full()).then_some(s)

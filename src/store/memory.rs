@@ -97,8 +97,13 @@ impl MemoryStore {
                 if bucket.capacity == 0 || bucket.per_ms == 0 {
                     return Err(bad_args(call, "capacity and per_ms must be at least 1"));
                 }
-                // min and max (token_bucket), tokens (token_return), cost and max_wait_ms (token_acquire).
-                let a = arg(call, 3)?;
+                // min and max (token_bucket), tokens (token_return; negative: a debit), cost and max_wait_ms
+                // (token_acquire).
+                let debit = call.script == Script::TokenReturn && call.args.get(3).is_some_and(|n| *n < 0);
+                let a = match call.args.get(3) {
+                    Some(n) if debit => n.unsigned_abs(),
+                    _ => arg(call, 3)?,
+                };
                 let b = if call.script == Script::TokenReturn {
                     0
                 } else {
@@ -119,6 +124,7 @@ impl MemoryStore {
                     let (new, reply) = match call.script {
                         Script::TokenBucket => bucket.take_banned(old, &mut ban, a, b, ban_ms, now),
                         Script::TokenAcquire => bucket.acquire(old, a, b, now),
+                        _ if debit => bucket.debit(old, a, now),
                         _ => bucket.give_back(old, a, now),
                     };
                     let keep = new.is_some() || ban.until_ms > now;
