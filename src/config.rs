@@ -112,10 +112,14 @@ pub struct MetricsConfig {
     pub listen: std::net::SocketAddr,
 }
 
-/// `[local]`: the in-process cache of leased tokens.
+/// `[local]`: settings of this process: the cache of leased tokens, and the keys it accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LocalConfig {
+    /// Keys longer than this many bytes are refused with [`crate::Error::InvalidArgument`] (1 to 1 MiB;
+    /// default [`crate::limiter::MAX_KEY_LEN`], 512).
+    #[serde(default = "default_max_key_bytes")]
+    pub max_key_bytes: usize,
     /// Keys kept in the local cache; the idlest are evicted beyond it.
     #[serde(default = "default_max_local_keys")]
     pub max_local_keys: usize,
@@ -127,6 +131,7 @@ pub struct LocalConfig {
 impl Default for LocalConfig {
     fn default() -> Self {
         Self {
+            max_key_bytes: default_max_key_bytes(),
             max_local_keys: default_max_local_keys(),
             idle_ttl: default_idle_ttl(),
         }
@@ -142,6 +147,11 @@ fn default_timeout() -> Duration {
 fn default_expected_processes() -> u32 {
     4
 }
+fn default_max_key_bytes() -> usize {
+    crate::limiter::MAX_KEY_LEN
+}
+/// The largest `max_key_bytes` allowed.
+pub const MAX_KEY_BYTES_LIMIT: usize = 1 << 20;
 fn default_max_local_keys() -> usize {
     100_000
 }
@@ -360,6 +370,14 @@ impl Config {
                 Some(r)
             }
         };
+        if !(1..=MAX_KEY_BYTES_LIMIT).contains(&raw.local.max_key_bytes) {
+            return Err(invalid(
+                None,
+                "[local] ".into(),
+                "max_key_bytes",
+                format!("must be between 1 and {MAX_KEY_BYTES_LIMIT} (1 MiB)"),
+            ));
+        }
         if raw.local.max_local_keys == 0 {
             return Err(invalid(
                 None,

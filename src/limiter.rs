@@ -34,7 +34,8 @@ fn rename_argument(e: Error, names: &[(&'static str, &'static str)]) -> Error {
     }
 }
 
-/// Keys longer than this many bytes are refused with [`Error::InvalidArgument`].
+/// Keys longer than this many bytes are refused with [`Error::InvalidArgument`], unless `[local]
+/// max_key_bytes` ([`LocalConfig::max_key_bytes`]) says otherwise.
 pub const MAX_KEY_LEN: usize = 512;
 
 /// Transient store failures in a row that open the circuit breaker (it then stays open for 500 ms or the
@@ -336,7 +337,7 @@ impl LimiterBuilder {
         self
     }
 
-    /// Settings of the local lease cache.
+    /// Settings of this process: the local lease cache and the longest key accepted.
     pub fn local(mut self, local: LocalConfig) -> Self {
         self.local = local;
         self
@@ -346,8 +347,8 @@ impl LimiterBuilder {
     /// eviction), which stops when the limiter is shut down or dropped.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for duplicate rule names, an empty or braced key prefix, or zero expected
-    /// processes.
+    /// [`Error::InvalidArgument`] for duplicate rule names, an empty or braced key prefix, zero expected
+    /// processes, or a `max_key_bytes` outside 1 to 1 MiB.
     pub fn build(self) -> Result<Limiter, Error> {
         let clock = self.clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let store = self
@@ -365,6 +366,12 @@ impl LimiterBuilder {
             return Err(Error::InvalidArgument {
                 name: "expected_processes",
                 reason: "must be at least 1".into(),
+            });
+        }
+        if !(1..=crate::config::MAX_KEY_BYTES_LIMIT).contains(&self.local.max_key_bytes) {
+            return Err(Error::InvalidArgument {
+                name: "max_key_bytes",
+                reason: format!("must be between 1 and {}", crate::config::MAX_KEY_BYTES_LIMIT),
             });
         }
         let timeout = self.timeout.unwrap_or(Duration::from_millis(50));
@@ -497,7 +504,7 @@ impl Limiter {
     /// (`source == Fallback`).
     ///
     /// # Errors
-    /// [`Error::UnknownRule`]; [`Error::InvalidArgument`] for an empty key, a key over [`MAX_KEY_LEN`] bytes or
+    /// [`Error::UnknownRule`]; [`Error::InvalidArgument`] for an empty key, a key over `max_key_bytes` bytes or
     /// a zero cost; [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
     /// [`Limiter::shutdown`].
     pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
@@ -946,10 +953,11 @@ impl Limiter {
                 reason: "must not be empty".into(),
             });
         }
-        if key.len() > MAX_KEY_LEN {
+        let max = self.inner.local_config.max_key_bytes;
+        if key.len() > max {
             return Err(Error::InvalidArgument {
                 name: "key",
-                reason: format!("is {} bytes, more than the {MAX_KEY_LEN} allowed", key.len()),
+                reason: format!("is {} bytes, more than the {max} allowed", key.len()),
             });
         }
         if cost == 0 {

@@ -134,3 +134,34 @@ async fn a_one_mebibyte_key_is_refused_with_its_name() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn the_key_bound_is_configurable() {
+    let config = tokenlease::Config::from_toml(
+        "[local]\nmax_key_bytes = 8\n[[rule]]\nname = \"log\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1s\"\n",
+    )
+    .expect("config");
+    assert_eq!(config.local.max_key_bytes, 8);
+    let limiter = Limiter::from_config(config).expect("limiter");
+    assert!(limiter.check("log", "12345678", 1).await.expect("8 bytes").allowed);
+    match limiter.check("log", "123456789", 1).await {
+        Err(Error::InvalidArgument { name: "key", reason }) => assert!(reason.contains("more than the 8"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    for bad in ["0", "1048577"] {
+        let err = tokenlease::Config::from_toml(&format!("[local]\nmax_key_bytes = {bad}\n")).expect_err(bad);
+        assert!(err.to_string().contains("`max_key_bytes`"), "{err}");
+    }
+    let local = tokenlease::config::LocalConfig {
+        max_key_bytes: 0,
+        ..Default::default()
+    };
+    let built = Limiter::builder().local(local).build();
+    assert!(matches!(
+        built,
+        Err(Error::InvalidArgument {
+            name: "max_key_bytes",
+            ..
+        })
+    ));
+}

@@ -234,6 +234,7 @@ async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
     let local = tokenlease::config::LocalConfig {
         max_local_keys: 10,
         idle_ttl: Duration::from_secs(600),
+        ..Default::default()
     };
     let limiter = Limiter::builder()
         .rule(rule)

@@ -27,7 +27,7 @@ use tokenlease::middleware::{error_response, error_status, insert_decision_heade
 use tokenlease::{Config, Decision, Error, Limiter};
 use tokio_util::sync::CancellationToken;
 
-/// Request bodies above this many bytes are refused (413): a key is at most 512 bytes.
+/// Request bodies above this many bytes, plus `[local] max_key_bytes`, are refused (413).
 const MAX_BODY: usize = 16 * 1024;
 
 /// How long requests in flight may take to finish after SIGTERM before the sidecar stops anyway.
@@ -68,6 +68,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     tokenlease::telemetry::describe();
+    let max_body = MAX_BODY + config.local.max_key_bytes;
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
     let state = AppState {
         limiter: limiter.clone(),
@@ -78,7 +79,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .route("/v1/acquire", post(acquire))
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(healthz))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(DefaultBodyLimit::max(max_body))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
