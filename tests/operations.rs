@@ -251,7 +251,11 @@ fn sidecar_answers_200_then_429_with_the_rate_limit_headers() {
     let shadowed = sidecar.check("trial", "user:7");
     assert_eq!(shadowed.status, 200);
     assert_eq!(shadowed.json()["shadowed"], true);
-    assert_eq!(shadowed.header("ratelimit"), None, "a shadow rule shows clients no headers");
+    assert_eq!(
+        shadowed.header("ratelimit"),
+        None,
+        "a shadow rule shows clients no headers"
+    );
 
     // The leased hot key: the first call leases a batch of 10, the rest are answered in process.
     for n in 1..=3 {
