@@ -1,6 +1,7 @@
 //! Test helper: a real `redis-server` on a free loopback port, started by the test and stopped on drop.
 //! Tests that need Redis fail loudly when `redis-server` is missing: they never skip silently.
 #![allow(dead_code)]
+pub mod proxy;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
