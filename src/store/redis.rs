@@ -121,7 +121,10 @@ impl RedisStore {
                 source: None,
             });
         }
-        let client = redis::Client::open(url).map_err(err)?;
+        let info = redis::IntoConnectionInfo::into_connection_info(url)
+            .map_err(err)?
+            .set_tcp_settings(tcp_settings());
+        let client = redis::Client::open(info).map_err(err)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
             // The connection's own limit only backs up the per-call timeouts below; it must not cut a lease
@@ -147,6 +150,7 @@ impl RedisStore {
             .response_timeout(timeout.saturating_mul(10).max(Duration::from_millis(100)))
             .retries(3)
             .max_retry_wait(100)
+            .tcp_settings(tcp_settings())
             .build()
             .map_err(|e| StoreError {
                 kind: StoreErrorKind::Other,
@@ -232,6 +236,12 @@ impl RedisStore {
         }
         outcome
     }
+}
+
+/// `TCP_NODELAY`: a call written while another is unanswered goes out at once instead of waiting for the
+/// other's reply to carry the ACK (Nagle), which doubled the latency of overlapping calls (`benches/latency.rs`).
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 fn classify(script: &'static str, e: redis::RedisError) -> StoreError {
