@@ -2,7 +2,7 @@
 //! spends one token and is never seen again): the local cache is bounded by `[local] max_local_keys`, so memory
 //! stays flat, and the evicted keys' unspent tokens go back to Redis. `cargo bench --bench cold_keys` prints a
 //! table: resident memory (VmRSS from /proc/self/status) and local keys as the keys go by, for the default bound
-//! of 100,000 keys and for 10,000.
+//! of 100,000 keys and for 10,000, with batches of 5 tokens and with adaptive batches of 1 to 100.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -32,26 +32,24 @@ fn rss_mib() -> f64 {
 /// Each bound runs in a process of its own (this binary with the bound as argument), so that one run's heap,
 /// which the allocator keeps, does not count in the next one's resident memory.
 fn main() {
-    let bound = std::env::args().skip(1).find_map(|a| a.parse::<usize>().ok());
-    let Some(bound) = bound else {
+    let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let [bound, min_batch, max_batch] = args[..] else {
         println!(
-            "| max_local_keys | keys seen | local keys | resident MiB | keys/s | leased tokens | returned tokens |"
+            "| max_local_keys | lease batch | keys seen | local keys | resident MiB | keys/s | leased tokens | returned tokens |"
         );
-        println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-        for bound in ["100000", "10000"] {
+        println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for run in [["100000", "5", "5"], ["10000", "5", "5"], ["10000", "1", "100"]] {
             let exe = std::env::current_exe().expect("this binary");
-            let status = std::process::Command::new(exe)
-                .arg(bound)
-                .status()
-                .expect("run one bound");
-            assert!(status.success(), "the run with max_local_keys = {bound} failed");
+            let status = std::process::Command::new(exe).args(run).status().expect("run");
+            assert!(status.success(), "the run {run:?} failed");
         }
         return;
     };
-    run(bound);
+    run(usize::try_from(bound).expect("bound"), min_batch, max_batch);
 }
 
-fn run(max_local_keys: usize) {
+/// One run: `max_local_keys`, and leases of `min_batch..=max_batch` tokens.
+fn run(max_local_keys: usize, min_batch: u64, max_batch: u64) {
     let server = common::RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -62,12 +60,12 @@ fn run(max_local_keys: usize) {
         let limiter = {
             let _g = rt.enter();
             let store = RedisStore::connect(&server.url(), Duration::from_secs(5)).expect("store");
-            // A per-item limit: 100 per second each, leased 5 at a time.
+            // A per-item limit: 100 per second each, leased min_batch..=max_batch at a time.
             let rule = Rule::token_bucket("item", 100, 100, Duration::from_secs(1))
                 .and_then(|r| {
                     r.with_lease(Lease {
-                        min_batch: 5,
-                        max_batch: 5,
+                        min_batch,
+                        max_batch,
                         ttl: Duration::from_secs(30),
                     })
                 })
@@ -90,7 +88,7 @@ fn run(max_local_keys: usize) {
         let report = |seen: u64, limiter: &Limiter| {
             let stats = limiter.stats();
             println!(
-                "| {max_local_keys} | {seen} | {} | {:.1} | {:.0} | {} | {} |",
+                "| {max_local_keys} | {min_batch}..{max_batch} | {seen} | {} | {:.1} | {:.0} | {} | {} |",
                 limiter.local_keys(),
                 rss_mib(),
                 seen as f64 / started.elapsed().as_secs_f64(),
