@@ -143,15 +143,9 @@ impl Drop for RedisCluster {
     }
 }
 
+/// Whether `ok` holds within `limit` (polled every 50 ms).
 fn wait_for(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if ok() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    common::wait_for(limit, || ok().then_some(())).is_some()
 }
 
 const RULES: &str = r#"

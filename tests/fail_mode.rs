@@ -15,26 +15,18 @@ fn limiter(server: &common::RedisServer) -> Limiter {
             .expect("rule")
             .with_fail_mode(mode)
     };
-    let leased = Rule::token_bucket("leased_closed", 100, 1, Duration::from_secs(3600))
-        .and_then(|r| {
-            r.with_lease(Lease {
-                min_batch: 1,
-                max_batch: 10,
-                ttl: Duration::from_secs(60),
-            })
-        })
-        .expect("rule")
-        .with_fail_mode(FailMode::Closed);
-    let leased_local = Rule::token_bucket("leased_local", 100, 1, Duration::from_secs(3600))
-        .and_then(|r| {
-            r.with_lease(Lease {
-                min_batch: 1,
-                max_batch: 10,
-                ttl: Duration::from_secs(60),
-            })
-        })
-        .expect("rule")
-        .with_fail_mode(FailMode::Local);
+    // 100 tokens, leased 1 to 10 at a time.
+    let leased = |name: &str, mode: FailMode| {
+        let lease = Lease {
+            min_batch: 1,
+            max_batch: 10,
+            ttl: Duration::from_secs(60),
+        };
+        Rule::token_bucket(name, 100, 1, Duration::from_secs(3600))
+            .and_then(|r| r.with_lease(lease))
+            .expect("rule")
+            .with_fail_mode(mode)
+    };
     let store = RedisStore::connect(&server.url(), TIMEOUT).expect("store");
     Limiter::builder()
         .store(Arc::new(store))
@@ -43,8 +35,8 @@ fn limiter(server: &common::RedisServer) -> Limiter {
         .rule(rule("open", FailMode::Open))
         .rule(rule("closed", FailMode::Closed))
         .rule(rule("local", FailMode::Local))
-        .rule(leased)
-        .rule(leased_local)
+        .rule(leased("leased_closed", FailMode::Closed))
+        .rule(leased("leased_local", FailMode::Local))
         .build()
         .expect("limiter")
 }

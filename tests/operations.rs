@@ -86,7 +86,7 @@ impl Sidecar {
             stderr,
             _dir: dir,
         };
-        let up = wait_for(Duration::from_secs(20), || {
+        let up = common::wait_for(Duration::from_secs(20), || {
             agent().get(sidecar.url("/healthz")).call().is_ok().then_some(())
         });
         assert!(up.is_some(), "the sidecar did not answer: {}", sidecar.log());
@@ -131,7 +131,7 @@ impl Sidecar {
     fn terminate(&mut self) -> bool {
         self.signal("-TERM");
         let mut child = self.child.take().expect("running");
-        let exited = wait_for(Duration::from_secs(20), || child.try_wait().ok().flatten());
+        let exited = common::wait_for(Duration::from_secs(20), || child.try_wait().ok().flatten());
         match exited {
             Some(status) => status.success(),
             None => {
@@ -148,20 +148,6 @@ impl Drop for Sidecar {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-}
-
-/// Polls `f` every 50 ms until it gives a value or `limit` has passed.
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -372,7 +358,7 @@ fn sigterm_gives_leased_tokens_back_and_healthz_follows_redis() {
     assert_eq!(down.status, 503, "{}", down.body);
     assert_eq!(down.json()["status"], "unavailable");
     redis.restart();
-    let up = wait_for(Duration::from_secs(20), || {
+    let up = common::wait_for(Duration::from_secs(20), || {
         (sidecar.get("/healthz").status == 200).then_some(())
     });
     assert!(up.is_some(), "healthz did not recover with Redis");
@@ -388,7 +374,7 @@ fn sighup_reloads_the_config_and_a_bad_file_keeps_the_rules() {
     // Raised to 3: the same key's window goes on, with the new limit.
     std::fs::write(&sidecar.config, one.replace("limit = 1", "limit = 3")).expect("write");
     sidecar.signal("-HUP");
-    let reloaded = wait_for(Duration::from_secs(10), || {
+    let reloaded = common::wait_for(Duration::from_secs(10), || {
         sidecar.log().contains("reloaded").then_some(())
     });
     assert!(reloaded.is_some(), "no reload: {}", sidecar.log());
@@ -399,7 +385,7 @@ fn sighup_reloads_the_config_and_a_bad_file_keeps_the_rules() {
     // A file that does not parse changes nothing.
     std::fs::write(&sidecar.config, "[[rule]]\nname = \"like\"\nlimit = \"many\"\n").expect("write");
     sidecar.signal("-HUP");
-    let kept = wait_for(Duration::from_secs(10), || {
+    let kept = common::wait_for(Duration::from_secs(10), || {
         sidecar.log().contains("kept the rules in force").then_some(())
     });
     assert!(kept.is_some(), "no refusal logged: {}", sidecar.log());
@@ -413,7 +399,7 @@ fn sighup_reloads_the_config_and_a_bad_file_keeps_the_rules() {
     // A removed rule answers 404.
     std::fs::write(&sidecar.config, one.replace("\"like\"", "\"post\"")).expect("write");
     sidecar.signal("-HUP");
-    let removed = wait_for(Duration::from_secs(10), || {
+    let removed = common::wait_for(Duration::from_secs(10), || {
         (sidecar.check("like", "u").status == 404).then_some(())
     });
     assert!(removed.is_some(), "the removed rule still answers: {}", sidecar.log());
@@ -552,7 +538,7 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
 
     let prometheus = Prometheus::start(sidecar.port, &alerts);
     // Two scrapes after the traffic, so that rate() over them has something to say.
-    let scraped = wait_for(Duration::from_secs(60), || {
+    let scraped = common::wait_for(Duration::from_secs(60), || {
         let expr = r#"count_over_time(tokenlease_decisions_total{outcome="shadow_rejected",rule="trial"}[1m])"#;
         let reply = prometheus.api("query", Some(expr))?;
         reply["data"]["result"]
@@ -653,7 +639,7 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
     }
 
     // The suggested alert rules load and evaluate without errors on real data.
-    let evaluated = wait_for(Duration::from_secs(30), || {
+    let evaluated = common::wait_for(Duration::from_secs(30), || {
         let rules = prometheus.api("rules", None)?;
         let all: Vec<Value> = rules["data"]["groups"]
             .as_array()?

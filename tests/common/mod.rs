@@ -18,6 +18,20 @@ pub fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64)
     }
 }
 
+/// Polls `f` every 50 ms until it gives a value or `limit` has passed.
+pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A running `redis-server`.
 pub struct RedisServer {
     pub port: u16,
