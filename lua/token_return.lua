@@ -58,8 +58,11 @@ if n >= 0 then
   if level > full then level = full end
   accepted = idiv(level, per) - before
 else
+  -- Not below -capacity, nor below where it was (token_acquire.lua's debt may be deeper): a debit never adds.
+  local floor = -full
+  if level < floor then floor = level end
   level = level + n * per
-  if level < -full then level = -full end
+  if level < floor then level = floor end
 end
 
 local reset_after = 0

@@ -1071,7 +1071,7 @@ impl Limiter {
         };
         match self.run(&call).await {
             Ok(reply) => {
-                self.settle(&store_key).await;
+                self.settle_in_background(&store_key);
                 Ok(Decision::from_reply(&reply, cost, self.inner.store.source()))
             }
             Err(e) => Ok(self.fallback(compiled, algorithm, &store_key, cost, &e)),
@@ -1143,41 +1143,69 @@ impl Limiter {
         })
     }
 
-    /// Decides by the rule's `fail_mode` after a store failure.
-    /// Charges the shared bucket of `store_key` with the tokens `fail_mode = "local"` admitted for it alone and
-    /// that its local share has not refilled yet, so that the return to the shared limits is not a second burst
-    /// on top of the local one. Called once the store answers for the key again (a debit may put the bucket in
-    /// debt, so the order does not matter); a debit that fails is tried again next time. The local share is then
-    /// refilled, so the same tokens are never charged twice.
-    async fn settle(&self, store_key: &str) {
+    /// After the store answered for `store_key`: when `fail_mode = "local"` decided for it alone while the store
+    /// failed, charges that to the shared bucket in the background ([`Limiter::settle`]), so neither a dropped
+    /// caller nor the caller's latency is involved. Nothing to do (the common case) costs one map lookup.
+    fn settle_in_background(&self, store_key: &str) {
         if self.inner.unsettled.is_empty() {
             return;
         }
-        let Some((store_key, bucket)) = self.inner.unsettled.remove(store_key) else {
-            return;
-        };
-        let local = local_share(&bucket, self.inner.expected_processes);
-        let Ok(now) = self.inner.fallback.run_sync(&token_return_call(&store_key, &local, 0)) else {
-            return;
-        };
-        let spent = local.capacity.saturating_sub(now.remaining);
+        if let Some((store_key, bucket)) = self.inner.unsettled.remove(store_key) {
+            let this = self.clone();
+            self.inner
+                .tracker
+                .spawn(async move { this.settle(store_key, bucket).await });
+        }
+    }
+
+    /// Tokens `fail_mode = "local"` admitted for `store_key` alone that its local share has not refilled yet.
+    fn unsettled_tokens(&self, store_key: &str, bucket: &TokenBucket) -> u64 {
+        let local = local_share(bucket, self.inner.expected_processes);
+        let probe = token_return_call(store_key, &local, 0);
+        self.inner
+            .fallback
+            .run_sync(&probe)
+            .map_or(0, |now| local.capacity.saturating_sub(now.remaining))
+    }
+
+    /// Charges the shared bucket of `store_key` with the tokens `fail_mode = "local"` admitted for it alone and
+    /// that its local share has not refilled yet, so that the return to the shared limits is not a second burst
+    /// on top of the local one (a debit of `token_return.lua`; it may put the bucket in debt, so it may come after
+    /// the key's first grant). The tokens leave the local ledger (its share is refilled) before the debit is sent,
+    /// so a concurrent settle of the same key cannot charge them again; a debit that fails puts them back and the
+    /// key is settled after the store's next answer.
+    async fn settle(&self, store_key: String, bucket: TokenBucket) {
+        let spent = self.unsettled_tokens(&store_key, &bucket);
         if spent == 0 {
             return;
         }
-        match self.run(&token_return_call(&store_key, &bucket, -as_arg(spent))).await {
-            Ok(_) => {
-                tracing::debug!(key = %store_key, tokens = spent, "charged what fail_mode local admitted");
-                let _ = self
-                    .inner
-                    .fallback
-                    .run_sync(&token_return_call(&store_key, &local, as_arg(spent)));
-            }
+        let local = local_share(&bucket, self.inner.expected_processes);
+        let fallback = &self.inner.fallback;
+        let _ = fallback.run_sync(&token_return_call(&store_key, &local, as_arg(spent)));
+        let mut debit = token_return_call(&store_key, &bucket, -as_arg(spent));
+        // As a lease: a debit timed out after Redis applied it would be applied again.
+        debit.timeout = Some(self.inner.lease_timeout);
+        match self.run(&debit).await {
+            Ok(_) => tracing::debug!(key = %store_key, tokens = spent, "charged what fail_mode local admitted"),
             Err(_) => {
+                let _ = fallback.run_sync(&token_return_call(&store_key, &local, -as_arg(spent)));
                 self.inner.unsettled.insert(store_key, bucket);
             }
         }
     }
 
+    /// Remembers that `fail_mode = "local"` granted tokens of `store_key` alone (token buckets only), at most
+    /// `max_local_keys` keys; the sweeper forgets those whose local share has refilled.
+    fn owe(&self, algorithm: &Algorithm, store_key: &str) {
+        if let Algorithm::TokenBucket { bucket, .. } = algorithm {
+            let unsettled = &self.inner.unsettled;
+            if !unsettled.contains_key(store_key) && unsettled.len() < self.inner.local_config.max_local_keys {
+                unsettled.insert(store_key.to_owned(), *bucket);
+            }
+        }
+    }
+
+    /// Decides by the rule's `fail_mode` after a store failure.
     fn fallback(
         &self,
         compiled: &Compiled,
@@ -1200,12 +1228,12 @@ impl Limiter {
             FailMode::Closed => decision(false, self.inner.backoff),
             FailMode::Local => {
                 let share = self.inner.expected_processes;
-                if let Algorithm::TokenBucket { bucket, .. } = algorithm {
-                    self.inner.unsettled.insert(store_key.to_owned(), *bucket);
-                }
                 let call = self.call_for(algorithm, store_key, cost, share);
                 match call.map(|c| self.inner.fallback.run_sync(&c)) {
                     Some(Ok(reply)) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
+                        if reply.granted > 0 {
+                            self.owe(algorithm, store_key);
+                        }
                         Decision::from_reply(&reply, cost, Source::Fallback)
                     }
                     _ => decision(false, self.inner.backoff),
@@ -1339,9 +1367,7 @@ impl Limiter {
         // timed out after Redis granted it would strand its tokens.
         call.timeout = Some(self.inner.lease_timeout);
         let result = self.run(&call).await;
-        if result.is_ok() {
-            self.settle(&local.store_key).await;
-        }
+        let answered = result.is_ok();
         let now = clock.now_ns();
         tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, "lease");
         let m = &compiled.metrics;
@@ -1376,6 +1402,9 @@ impl Limiter {
                 local.failed(self.inner.backoff, now);
             }
         }
+        if answered {
+            self.settle_in_background(&local.store_key);
+        }
     }
 
     /// Expires the key's overdue tokens and gives them back in the background.
@@ -1392,14 +1421,7 @@ impl Limiter {
 
     /// Gives `n` unused tokens back to the shared bucket (capped at its capacity by the script).
     async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, n: u64) {
-        let (bucket, store_key) = (&local.bucket, &local.store_key);
-        let args = vec![
-            as_arg(bucket.capacity),
-            as_arg(bucket.rate),
-            as_arg(bucket.per_ms),
-            as_arg(n),
-        ];
-        let call = Call::new(Script::TokenReturn, vec![store_key.to_owned()], args);
+        let call = token_return_call(&local.store_key, &local.bucket, as_arg(n));
         match self.run(&call).await {
             Ok(_) => {
                 compiled.metrics.returned_tokens.increment(n);
@@ -1442,6 +1464,11 @@ impl Limiter {
             compiled.metrics.outstanding.set(outstanding as f64);
         }
         telemetry::local_keys(keys);
+        if !self.inner.unsettled.is_empty() {
+            self.inner
+                .unsettled
+                .retain(|store_key, bucket| self.unsettled_tokens(store_key, bucket) > 0);
+        }
     }
 
     /// Evicts the `n` least recently leased keys of a rule, giving their tokens back.

@@ -155,6 +155,24 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             ],
         ),
         (
+            "a debit never lifts a debt deeper than the capacity (an acquire's)",
+            vec![
+                (
+                    Call::new(Script::TokenAcquire, vec![k("deep")], vec![10, 1, 1_000, 10, 60_000]).at(0),
+                    r(10, 0, 0, 10_000),
+                ),
+                (
+                    Call::new(Script::TokenAcquire, vec![k("deep")], vec![10, 1, 1_000, 5, 60_000]).at(0),
+                    r(5, 0, 0, 15_000),
+                ),
+                (
+                    Call::new(Script::TokenAcquire, vec![k("deep")], vec![10, 1, 1_000, 10, 60_000]).at(0),
+                    r(10, 0, 5_000, 25_000),
+                ),
+                (give(&k("deep"), ten_per_10s, -3, 0), r(0, 0, 0, 25_000)),
+            ],
+        ),
+        (
             "a clock that steps back does not refill",
             vec![
                 (take(&k("h"), ten_per_10s, 10, 10, 50_000), r(10, 0, 0, 10_000)),

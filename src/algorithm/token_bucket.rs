@@ -244,7 +244,9 @@ impl TokenBucket {
         now_ms: u64,
     ) -> (Option<TokenBucketState>, Reply) {
         let mut s = self.refill(state, now_ms);
-        s.level = s.level.saturating_sub(self.units(tokens)).max(-self.full());
+        // Not below −capacity, nor below where it was (an acquire's debt may be deeper): a debit never adds.
+        let floor = s.level.min(-self.full());
+        s.level = s.level.saturating_sub(self.units(tokens)).max(floor);
         let reply = Reply {
             granted: 0,
             remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
