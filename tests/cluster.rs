@@ -89,13 +89,17 @@ impl RedisCluster {
     }
 
     fn config(&self, rules: &str) -> Config {
+        self.config_with_timeout(rules, "2s")
+    }
+
+    fn config_with_timeout(&self, rules: &str, timeout: &str) -> Config {
         let nodes: Vec<String> = self
             .ports
             .iter()
             .map(|p| format!("\"redis://127.0.0.1:{p}\""))
             .collect();
         let toml = format!(
-            "[redis]\ncluster = [{}]\ntimeout = \"2s\"\nfail_mode = \"closed\"\nexpected_processes = 1\n{rules}",
+            "[redis]\ncluster = [{}]\ntimeout = \"{timeout}\"\nfail_mode = \"closed\"\nexpected_processes = 1\n{rules}",
             nodes.join(", ")
         );
         Config::from_toml(&toml).expect("cluster config")
@@ -273,5 +277,23 @@ async fn a_resharding_mid_run_is_followed_without_fallback_or_excess() {
         assert_eq!(allowed[user] + first[user], 3, "{user}");
     }
     assert!(cluster.keys_on(to) > keys_before, "no key moved to node {to}");
+    limiter.shutdown().await;
+}
+
+/// The connection is made in the background: calls that time out meanwhile (1 ms here, less than connecting to
+/// three masters takes) decide by fail_mode and do not abort it, and decisions come from the cluster soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_timeout_does_not_keep_the_cluster_from_connecting() {
+    let cluster = RedisCluster::start(3);
+    let limiter = Limiter::from_config(cluster.config_with_timeout(RULES, "1ms")).expect("limiter");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let d = limiter.check("like", "user:1", 1).await.expect("check");
+        if d.source == Source::Redis {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never connected: still {:?}", d.source);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     limiter.shutdown().await;
 }

@@ -3,12 +3,13 @@
 //! Redis Cluster connection that follows `MOVED` and `ASK` redirections and refreshes its slot map. Every key a
 //! script touches shares one hash tag (`{rule:key}`), so each call goes to one slot (DESIGN.md invariant 5).
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use tokio::sync::watch;
 
 use super::{BoxFuture, Call, Script, Store};
 use crate::algorithm::Reply;
@@ -37,17 +38,12 @@ pub fn script_source(s: Script) -> &'static str {
     }
 }
 
-/// The connection: one server, or a cluster (connected on first use, so the cluster may be down at start).
+/// The connection: one server, or a cluster's, published by the task that connects it in the background (so
+/// the cluster may be down at start, and a call that times out does not abort the connecting).
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(Arc<Cluster>),
-}
-
-/// A cluster's client, and its connection once made.
-struct Cluster {
-    client: ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+    Cluster(watch::Receiver<Option<ClusterConnection>>),
 }
 
 /// A connection ready for one call.
@@ -137,13 +133,26 @@ impl RedisStore {
     }
 
     /// A store for the Redis Cluster reached through `nodes` (`redis://host:port` of some of its masters), whose
-    /// every call gives up after `timeout`. It connects on the first call (so the cluster may be down at start),
-    /// discovers the other nodes and the slot map, follows `MOVED` and `ASK` redirections (a resharding) and
-    /// refreshes the slot map when a node fails over.
+    /// every call gives up after `timeout`. A background task connects (so the cluster may be down at start),
+    /// retrying with a back-off of 50 ms to 2 s, and stops once connected or once the store is dropped; calls
+    /// wait for it within their timeout. The connection discovers the other nodes and the slot map, follows
+    /// `MOVED` and `ASK` redirections (a resharding) and refreshes the slot map when a node fails over.
     ///
     /// # Errors
-    /// [`StoreError`] of kind `Other` when `nodes` is empty or a URL is malformed.
+    /// [`StoreError`] of kind `Other` when `nodes` is empty, a URL is malformed, or no tokio runtime is running.
     pub fn connect_cluster(nodes: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        let other = |message: String, source: Option<redis::RedisError>| StoreError {
+            kind: StoreErrorKind::Other,
+            script: "connect",
+            message,
+            source: source.map(|e| Box::new(e) as _),
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(other(
+                "a Redis store must be created inside a tokio runtime".into(),
+                None,
+            ));
+        };
         let client = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(timeout.max(Duration::from_millis(100)))
             // As for one server: the longest a lease may wait; calls have their own, shorter, timeouts.
@@ -152,17 +161,25 @@ impl RedisStore {
             .max_retry_wait(100)
             .tcp_settings(tcp_settings())
             .build()
-            .map_err(|e| StoreError {
-                kind: StoreErrorKind::Other,
-                script: "connect",
-                message: e.to_string(),
-                source: Some(Box::new(e)),
-            })?;
-        let conn = Conn::Cluster(Arc::new(Cluster {
-            client,
-            conn: tokio::sync::OnceCell::new(),
-        }));
-        Ok(Self::with_conn(conn, timeout))
+            .map_err(|e| other(e.to_string(), Some(e)))?;
+        let (publish, conn) = watch::channel(None);
+        let attempt = timeout.saturating_mul(10).max(Duration::from_secs(1));
+        runtime.spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            while !publish.is_closed() {
+                match tokio::time::timeout(attempt, client.get_async_connection()).await {
+                    Ok(Ok(connection)) => {
+                        let _ = publish.send(Some(connection));
+                        return;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "cluster connection failed; retrying"),
+                    Err(_) => tracing::debug!(?attempt, "cluster connection timed out; retrying"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        });
+        Ok(Self::with_conn(Conn::Cluster(conn), timeout))
     }
 
     fn with_conn(conn: Conn, timeout: Duration) -> Self {
@@ -170,17 +187,21 @@ impl RedisStore {
         Self { conn, timeout, metrics }
     }
 
-    /// The connection to send a call on: for a cluster, connected on first use (and retried on the next call
-    /// when that fails).
+    /// The connection to send a call on; for a cluster not connected yet, once it is (callers bound the wait
+    /// with their timeout).
     async fn active(&self) -> redis::RedisResult<Active> {
         match &self.conn {
             Conn::Single(conn) => Ok(Active::Single(conn.clone())),
-            Conn::Cluster(cluster) => {
-                let conn = cluster
-                    .conn
-                    .get_or_try_init(|| cluster.client.get_async_connection())
-                    .await?;
-                Ok(Active::Cluster(conn.clone()))
+            Conn::Cluster(conn) => {
+                let mut conn = conn.clone();
+                let ready = conn.wait_for(Option::is_some).await;
+                match ready.ok().and_then(|c| c.clone()) {
+                    Some(c) => Ok(Active::Cluster(c)),
+                    None => Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the cluster connection task ended",
+                    ))),
+                }
             }
         }
     }
