@@ -32,7 +32,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Whole seconds, rounded up: a client that waits this long is never early.
 fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// `name` as a structured-field string (RFC 8941 §3.3.3): printable ASCII, `"` and `\` escaped, anything
@@ -54,27 +54,38 @@ fn sf_string(name: &str) -> String {
     out
 }
 
+/// The largest integer of a structured field (RFC 8941 §3.3.1: at most 15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
 /// Writes the headers of `decision` under rule `rule` into `headers`: `RateLimit-Policy` (when the quota is
 /// known), `RateLimit` (remaining tokens `r`, seconds `t` until the full quota is back) and, on a refusal that
 /// can ever pass, `Retry-After` in whole seconds rounded up. Durations of [`Duration::MAX`] ("never") leave
-/// their parameter out.
+/// their parameter out. Both fields are lists: they are appended, so layers stacked for several rules each add
+/// their policy.
+///
+/// `r` is what the decision knew: the shared bucket's tokens for a decision made by a store, this process's
+/// leased tokens for one made locally (`Source::Local`). A decision made by `fail_mode` (`Source::Fallback`)
+/// knows nothing of the shared bucket, so it writes no `RateLimit` field.
 pub fn insert_headers(headers: &mut HeaderMap, rule: &str, quota: Option<Quota>, decision: &Decision) {
     let id = sf_string(rule);
+    let int = |n: u64| n.min(SF_INTEGER_MAX);
     if let Some(quota) = quota {
-        let mut policy = format!("{id};q={}", quota.limit);
+        let mut policy = format!("{id};q={}", int(quota.limit));
         if let Some(window) = quota.window {
-            policy.push_str(&format!(";w={}", ceil_secs(window).max(1)));
+            policy.push_str(&format!(";w={}", int(ceil_secs(window).max(1))));
         }
         if let Ok(v) = HeaderValue::from_str(&policy) {
-            headers.insert(RATELIMIT_POLICY, v);
+            headers.append(RATELIMIT_POLICY, v);
         }
     }
-    let mut state = format!("{id};r={}", decision.remaining);
-    if decision.reset_after != Duration::MAX {
-        state.push_str(&format!(";t={}", ceil_secs(decision.reset_after)));
-    }
-    if let Ok(v) = HeaderValue::from_str(&state) {
-        headers.insert(RATELIMIT, v);
+    if decision.source != crate::Source::Fallback {
+        let mut state = format!("{id};r={}", int(decision.remaining));
+        if decision.reset_after != Duration::MAX {
+            state.push_str(&format!(";t={}", int(ceil_secs(decision.reset_after))));
+        }
+        if let Ok(v) = HeaderValue::from_str(&state) {
+            headers.append(RATELIMIT, v);
+        }
     }
     if !decision.allowed {
         insert_retry_after(headers, decision.retry_after);
@@ -113,8 +124,12 @@ pub fn error_status(error: &Error) -> StatusCode {
 
 /// A response with `status` and the JSON body `{"error": message}`.
 pub fn error_response(status: StatusCode, message: &str) -> Response<Body> {
-    let body = serde_json::json!({ "error": message }).to_string();
-    let mut response = Response::new(Body::from(body));
+    json_response(status, &serde_json::json!({ "error": message }))
+}
+
+/// A response with `status` and `body` as JSON (`Content-Type: application/json`).
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
+    let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
     response
         .headers_mut()

@@ -465,6 +465,33 @@ fn insert_headers_formats_the_ietf_fields() {
         ("a\"b", None, allowed, [None, some(r#""a\"b";r=7;t=2"#), None]),
         ("a\\b c", None, allowed, [None, some(r#""a\\b c";r=7;t=2"#), None]),
         ("été", None, allowed, [None, some("\"_t_\";r=7;t=2"), None]),
+        // fail_mode decided: nothing is known of the shared bucket, so no `RateLimit` field.
+        (
+            "b",
+            Some(two_secs),
+            Decision {
+                source: Source::Fallback,
+                ..soon
+            },
+            [some("\"b\";q=10;w=2"), None, some("1")],
+        ),
+        // Integers are capped at the 15 digits of a structured field.
+        (
+            "b",
+            Some(Quota {
+                limit: u64::MAX,
+                window: Some(Duration::MAX),
+            }),
+            Decision {
+                remaining: u64::MAX,
+                ..allowed
+            },
+            [
+                some("\"b\";q=999999999999999;w=999999999999999"),
+                some("\"b\";r=999999999999999;t=2"),
+                None,
+            ],
+        ),
     ];
     for (rule, quota, decision, want) in cases {
         assert_eq!(
@@ -473,4 +500,23 @@ fn insert_headers_formats_the_ietf_fields() {
             "{rule} {quota:?} {decision:?}"
         );
     }
+}
+
+#[test]
+fn stacked_policies_are_appended() {
+    let mut headers = HeaderMap::new();
+    let quota = Some(Quota {
+        limit: 5,
+        window: Some(Duration::from_secs(60)),
+    });
+    let d = decision(true, Duration::ZERO, Duration::from_secs(60));
+    insert_headers(&mut headers, "per_ip", quota, &d);
+    insert_headers(&mut headers, "per_user", quota, &d);
+    let values: Vec<&str> = headers
+        .get_all(RATELIMIT_POLICY)
+        .iter()
+        .map(|v| v.to_str().expect("ASCII"))
+        .collect();
+    assert_eq!(values, ["\"per_ip\";q=5;w=60", "\"per_user\";q=5;w=60"]);
+    assert_eq!(headers.get_all(RATELIMIT).iter().count(), 2);
 }

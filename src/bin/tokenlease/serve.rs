@@ -23,8 +23,11 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
-use tokenlease::middleware::{error_response, error_status, insert_decision_headers, insert_retry_after};
+use tokenlease::middleware::{
+    error_response, error_status, insert_decision_headers, insert_retry_after, json_response,
+};
 use tokenlease::{Config, Decision, Error, Limiter};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 /// Request bodies above this many bytes, plus `[local] max_key_bytes`, are refused (413).
@@ -81,6 +84,13 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state);
+    // Signals are caught from before the socket is bound: none can kill the process with its default action.
+    let watch = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
+    let (terminate, interrupt, hangup) = (
+        watch(SignalKind::terminate())?,
+        watch(SignalKind::interrupt())?,
+        watch(SignalKind::hangup())?,
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
@@ -93,11 +103,10 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     let stop = CancellationToken::new();
     let background = tokio_util::task::TaskTracker::new();
     background.spawn(stop.clone().run_until_cancelled_owned(upkeep(metrics)));
-    background.spawn(
-        stop.clone()
-            .run_until_cancelled_owned(reload_on_sighup(limiter.clone(), args.config)),
-    );
-    background.spawn(stop_on_signal(stop.clone()));
+    let reload = reload_on_sighup(hangup, limiter.clone(), args.config);
+    background.spawn(stop.clone().run_until_cancelled_owned(reload));
+    // Not tracked: it outlives the graceful stop, to force the exit on a second signal.
+    tokio::spawn(stop_on_signal(terminate, interrupt, stop.clone()));
     background.close();
 
     let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
@@ -114,39 +123,25 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Cancels `stop` on SIGTERM or Ctrl-C.
-async fn stop_on_signal(stop: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot watch SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
+/// Cancels `stop` on the first SIGTERM or SIGINT (Ctrl-C); exits at once on a second one, without waiting for
+/// requests in flight or giving leased tokens back (they expire with their lease TTL).
+async fn stop_on_signal(mut terminate: Signal, mut interrupt: Signal, stop: CancellationToken) {
+    let mut either = async || {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
         }
     };
-    tokio::select! {
-        () = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-        () = stop.cancelled() => return,
-    }
-    eprintln!("tokenlease serve: stopping");
+    either().await;
+    eprintln!("tokenlease serve: stopping (a second signal stops at once)");
     stop.cancel();
+    either().await;
+    eprintln!("tokenlease serve: second signal: exiting now; leased tokens return when their lease expires");
+    std::process::exit(130);
 }
 
 /// Reloads `path` on every SIGHUP; a file that does not parse, or changes the store, keeps the rules in force.
-async fn reload_on_sighup(limiter: Limiter, path: PathBuf) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot watch SIGHUP, so no reload: {e}");
-            return;
-        }
-    };
+async fn reload_on_sighup(mut hangup: Signal, limiter: Limiter, path: PathBuf) {
     while hangup.recv().await.is_some() {
         let reloaded = Config::from_path(&path)
             .map_err(Error::from)
@@ -201,14 +196,6 @@ fn ms(d: Duration) -> serde_json::Value {
     }
 }
 
-fn with_json(status: StatusCode, body: &serde_json::Value) -> Response {
-    let mut response = (status, body.to_string()).into_response();
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
 async fn check(State(state): State<AppState>, body: Bytes) -> Response {
     let ask = match Ask::parse(&body) {
         Ok(ask) => ask,
@@ -223,7 +210,7 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Response {
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    let mut response = with_json(
+    let mut response = json_response(
         status,
         &json!({
             "allowed": decision.allowed,
@@ -245,7 +232,7 @@ async fn acquire(State(state): State<AppState>, body: Bytes) -> Response {
     };
     // A client that hangs up drops this future, and with it its place in the queue.
     match state.limiter.acquire(&ask.rule, &ask.key, ask.cost).await {
-        Ok(permit) => with_json(
+        Ok(permit) => json_response(
             StatusCode::OK,
             &json!({
                 "waited_ms": ms(permit.waited),
@@ -275,8 +262,8 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
 async fn healthz(State(state): State<AppState>) -> Response {
     let store = state.limiter.store_source().as_str();
     match state.limiter.ping().await {
-        Ok(()) => with_json(StatusCode::OK, &json!({ "status": "ok", "store": store })),
-        Err(e) => with_json(
+        Ok(()) => json_response(StatusCode::OK, &json!({ "status": "ok", "store": store })),
+        Err(e) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({ "status": "unavailable", "store": store, "error": e.to_string() }),
         ),
