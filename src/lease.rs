@@ -42,6 +42,8 @@ struct Book {
     /// When the last lease was sent, and how many tokens were there right after it arrived.
     last_lease_ns: u64,
     available_after_lease: u64,
+    /// Tokens spent per second between the last two leases.
+    spend_per_s: u64,
 }
 
 /// What a lease will ask the shared bucket for.
@@ -125,6 +127,7 @@ impl LocalBucket {
                 saturated: false,
                 last_lease_ns: now_ns,
                 available_after_lease: 0,
+                spend_per_s: 0,
             }),
         }
     }
@@ -226,6 +229,8 @@ impl LocalBucket {
         let horizon_ns = u64::try_from(lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX).max(1);
         let observed =
             u64::try_from(u128::from(spent) * u128::from(horizon_ns) / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
+        book.spend_per_s =
+            u64::try_from(u128::from(spent) * 1_000_000_000 / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
         let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
         if self.starved.swap(false, Ordering::Relaxed) {
             batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
@@ -269,6 +274,14 @@ impl LocalBucket {
         // The deadline is in force before the tokens can be spent.
         self.next_deadline_ns.fetch_min(deadline_ns, Ordering::AcqRel);
         book.saturated = grant.granted < plan.max || grant.remaining < plan.max;
+        // The next lease starts while enough is left to last two of this lease's round trips at the spend rate
+        // (a quarter of the batch at least, the whole batch at most): on a slow network the refill then
+        // arrives before the tokens run out.
+        let round_trip_ns = now_ns.saturating_sub(book.last_lease_ns);
+        let for_two_trips = u128::from(book.spend_per_s) * u128::from(round_trip_ns) * 2 / 1_000_000_000;
+        let for_two_trips = u64::try_from(for_two_trips).unwrap_or(u64::MAX);
+        self.low_watermark
+            .store((plan.max / 4).max(for_two_trips).min(plan.max), Ordering::Relaxed);
         let total = self.available.fetch_add(grant.granted, Ordering::AcqRel) + grant.granted;
         book.available_after_lease = total;
         let mut not_before = 0;

@@ -1071,7 +1071,7 @@ impl Limiter {
         };
         match self.run(&call).await {
             Ok(reply) => {
-                self.settle_in_background(&store_key);
+                self.settle_after_answer(&store_key).await;
                 Ok(Decision::from_reply(&reply, cost, self.inner.store.source()))
             }
             Err(e) => Ok(self.fallback(compiled, algorithm, &store_key, cost, &e)),
@@ -1144,17 +1144,20 @@ impl Limiter {
     }
 
     /// After the store answered for `store_key`: when `fail_mode = "local"` decided for it alone while the store
-    /// failed, charges that to the shared bucket in the background ([`Limiter::settle`]), so neither a dropped
-    /// caller nor the caller's latency is involved. Nothing to do (the common case) costs one map lookup.
-    fn settle_in_background(&self, store_key: &str) {
+    /// failed, charges that to the shared bucket ([`Limiter::settle`]) before the key's next lease or call. The
+    /// debit runs as a task of its own, so a caller dropped meanwhile loses nothing; the caller waits for it,
+    /// so no second burst is admitted before it lands. Nothing to do (the common case) costs one map lookup.
+    async fn settle_after_answer(&self, store_key: &str) {
         if self.inner.unsettled.is_empty() {
             return;
         }
         if let Some((store_key, bucket)) = self.inner.unsettled.remove(store_key) {
             let this = self.clone();
-            self.inner
+            let _ = self
+                .inner
                 .tracker
-                .spawn(async move { this.settle(store_key, bucket).await });
+                .spawn(async move { this.settle(store_key, bucket).await })
+                .await;
         }
     }
 
@@ -1403,7 +1406,8 @@ impl Limiter {
             }
         }
         if answered {
-            self.settle_in_background(&local.store_key);
+            // Still holding the key's lease slot: its next lease waits for the debit.
+            self.settle_after_answer(&local.store_key).await;
         }
     }
 
