@@ -181,6 +181,13 @@ algorithm = "leaky_bucket"
 rate = 50
 per = "1s"
 max_wait = "1s"
+
+[[rule]]
+name = "nightly"
+algorithm = "leaky_bucket"
+rate = 1
+per = "10s"
+max_wait = "30s"
 "#
 }
 
@@ -334,7 +341,25 @@ fn sigterm_gives_leased_tokens_back_and_healthz_follows_redis() {
     for _ in 0..3 {
         assert_eq!(sidecar.check("sku_buy", "sku:42").status, 200);
     }
-    assert!(sidecar.terminate(), "exit status after SIGTERM: {}", sidecar.log());
+    // A job queued for its slot (10 s away) is answered 503 at once on SIGTERM, and does not hold the exit.
+    let nightly = r#"{"rule": "nightly", "key": "db"}"#;
+    assert_eq!(sidecar.post("/v1/acquire", nightly).status, 200);
+    let url = sidecar.url("/v1/acquire");
+    let stopped = std::thread::scope(|s| {
+        let waiting = s.spawn(|| answer(agent().post(&url).send(nightly)));
+        std::thread::sleep(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let exited = sidecar.terminate();
+        let waiting = waiting.join().expect("thread");
+        assert_eq!(waiting.status, 503, "{}", waiting.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
+        exited
+    });
+    assert!(stopped, "exit status after SIGTERM: {}", sidecar.log());
 
     // 3 of the 10 leased tokens were spent; the other 7 went back: 97 are left, not 90 (the refill is 1 per hour).
     let runtime = tokio::runtime::Runtime::new().expect("runtime");

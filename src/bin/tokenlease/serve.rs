@@ -8,7 +8,8 @@
 //! | `GET /healthz` | 200 when the store answers, 503 when not |
 //!
 //! SIGHUP reloads the config file (a file that does not parse changes nothing); SIGTERM or Ctrl-C stop
-//! accepting requests, let those in flight finish (at most [`GRACE`]), and give every leased token back.
+//! accepting requests, answer callers waiting in a queue 503, let the other requests in flight finish (at most
+//! [`GRACE`]), and give every leased token back.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,6 +55,8 @@ pub(crate) struct Args {
 struct AppState {
     limiter: Limiter,
     metrics: PrometheusHandle,
+    /// Cancelled on SIGTERM: callers waiting in a queue are answered 503 at once.
+    stop: CancellationToken,
 }
 
 pub(crate) fn run(args: Args) -> Result<ExitCode, String> {
@@ -73,9 +76,11 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     tokenlease::telemetry::describe();
     let max_body = MAX_BODY + config.local.max_key_bytes;
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
+    let stop = CancellationToken::new();
     let state = AppState {
         limiter: limiter.clone(),
         metrics: metrics.clone(),
+        stop: stop.clone(),
     };
     let app = Router::new()
         .route("/v1/check", post(check))
@@ -100,7 +105,6 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         args.config.display()
     );
 
-    let stop = CancellationToken::new();
     let background = tokio_util::task::TaskTracker::new();
     background.spawn(stop.clone().run_until_cancelled_owned(upkeep(metrics)));
     let reload = reload_on_sighup(hangup, limiter.clone(), args.config);
@@ -230,8 +234,13 @@ async fn acquire(State(state): State<AppState>, body: Bytes) -> Response {
         Ok(ask) => ask,
         Err(response) => return *response,
     };
-    // A client that hangs up drops this future, and with it its place in the queue.
-    match state.limiter.acquire(&ask.rule, &ask.key, ask.cost).await {
+    // A client that hangs up drops this future, and with it its place in the queue; so does a SIGTERM, which
+    // answers the waiting callers 503 at once instead of holding the shutdown for their turn.
+    let acquired = tokio::select! {
+        acquired = state.limiter.acquire(&ask.rule, &ask.key, ask.cost) => acquired,
+        () = state.stop.cancelled() => Err(Error::ShutDown),
+    };
+    match acquired {
         Ok(permit) => json_response(
             StatusCode::OK,
             &json!({
