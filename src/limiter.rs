@@ -1493,7 +1493,8 @@ impl Limiter {
     }
 
     /// Stops the limiter: later calls get [`Error::ShutDown`]; leases in flight finish; every leased token not
-    /// spent is given back to the shared bucket before this returns.
+    /// spent is given back to the shared bucket, and what `fail_mode = "local"` admitted alone and is not charged
+    /// yet is charged to it, before this returns.
     pub async fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.cancel.cancel();
@@ -1511,6 +1512,19 @@ impl Limiter {
                 }
             }
             compiled.local.clear();
+        }
+        // What `fail_mode = "local"` admitted alone and is not charged yet is charged now, so a restart right
+        // after an outage is no second burst either (a debit that fails now is lost with the process).
+        let pending: Vec<(String, TokenBucket)> = self
+            .inner
+            .unsettled
+            .iter()
+            .map(|e| (e.key().clone(), *e.value()))
+            .collect();
+        self.inner.unsettled.clear();
+        for (store_key, bucket) in pending {
+            let this = self.clone();
+            returns.spawn(async move { this.settle(store_key, bucket).await });
         }
         while returns.join_next().await.is_some() {}
     }

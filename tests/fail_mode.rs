@@ -166,3 +166,25 @@ async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
     assert!((65..=75).contains(&leased), "admitted {leased} after the outage");
     l.shutdown().await;
 }
+
+/// A process that stops right after an outage charges what it admitted alone on its way out: the next process
+/// does not get a second burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_charges_what_local_mode_admitted_alone() {
+    let mut server = common::RedisServer::start();
+    let l = limiter(&server);
+    server.stop();
+    assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 2);
+    server.restart();
+    // Redis answers again (seen through another key, so that "k" is settled by the shutdown alone).
+    admitted_by(&l, "local", "other", Source::Redis, 1).await;
+    l.shutdown().await;
+
+    let next = limiter(&server);
+    assert_eq!(
+        admitted_by(&next, "local", "k", Source::Redis, 12).await,
+        6,
+        "8 − the 2 admitted alone"
+    );
+    next.shutdown().await;
+}
