@@ -152,6 +152,15 @@ fn default_max_key_bytes() -> usize {
 }
 /// The largest `max_key_bytes` allowed.
 pub const MAX_KEY_BYTES_LIMIT: usize = 1 << 20;
+
+impl LocalConfig {
+    /// Why `max_key_bytes` is out of its range (1 B to 1 MiB), when it is: one check for the config file and
+    /// for [`crate::LimiterBuilder::local`].
+    pub(crate) fn max_key_bytes_error(&self) -> Option<String> {
+        (!(1..=MAX_KEY_BYTES_LIMIT).contains(&self.max_key_bytes))
+            .then(|| format!("must be between 1 and {MAX_KEY_BYTES_LIMIT} (1 MiB)"))
+    }
+}
 fn default_max_local_keys() -> usize {
     100_000
 }
@@ -370,13 +379,8 @@ impl Config {
                 Some(r)
             }
         };
-        if !(1..=MAX_KEY_BYTES_LIMIT).contains(&raw.local.max_key_bytes) {
-            return Err(invalid(
-                None,
-                "[local] ".into(),
-                "max_key_bytes",
-                format!("must be between 1 and {MAX_KEY_BYTES_LIMIT} (1 MiB)"),
-            ));
+        if let Some(why) = raw.local.max_key_bytes_error() {
+            return Err(invalid(None, "[local] ".into(), "max_key_bytes", why));
         }
         if raw.local.max_local_keys == 0 {
             return Err(invalid(

@@ -243,8 +243,9 @@ struct Inner {
     redis: Option<crate::config::RedisConfig>,
     leased_tokens: AtomicU64,
     returned_tokens: AtomicU64,
-    /// Token-bucket keys that `fail_mode = "local"` decided while the store failed, with their shared bucket:
-    /// what they admitted alone is charged to the shared bucket before the store decides for them again.
+    /// Token-bucket keys that `fail_mode = "local"` granted tokens of while the store failed, with their shared
+    /// bucket: what they admitted alone is charged to the shared bucket once the store answers for them again
+    /// (before their next lease or call), or at shutdown.
     unsettled: DashMap<String, TokenBucket, foldhash::fast::RandomState>,
     closed: AtomicBool,
     tracker: TaskTracker,
@@ -368,10 +369,10 @@ impl LimiterBuilder {
                 reason: "must be at least 1".into(),
             });
         }
-        if !(1..=crate::config::MAX_KEY_BYTES_LIMIT).contains(&self.local.max_key_bytes) {
+        if let Some(reason) = self.local.max_key_bytes_error() {
             return Err(Error::InvalidArgument {
                 name: "max_key_bytes",
-                reason: format!("must be between 1 and {}", crate::config::MAX_KEY_BYTES_LIMIT),
+                reason,
             });
         }
         let timeout = self.timeout.unwrap_or(Duration::from_millis(50));
@@ -1515,16 +1516,12 @@ impl Limiter {
         }
         // What `fail_mode = "local"` admitted alone and is not charged yet is charged now, so a restart right
         // after an outage is no second burst either (a debit that fails now is lost with the process).
-        let pending: Vec<(String, TokenBucket)> = self
-            .inner
-            .unsettled
-            .iter()
-            .map(|e| (e.key().clone(), *e.value()))
-            .collect();
-        self.inner.unsettled.clear();
-        for (store_key, bucket) in pending {
-            let this = self.clone();
-            returns.spawn(async move { this.settle(store_key, bucket).await });
+        let pending: Vec<String> = self.inner.unsettled.iter().map(|e| e.key().clone()).collect();
+        for key in pending {
+            if let Some((store_key, bucket)) = self.inner.unsettled.remove(&key) {
+                let this = self.clone();
+                returns.spawn(async move { this.settle(store_key, bucket).await });
+            }
         }
         while returns.join_next().await.is_some() {}
     }
