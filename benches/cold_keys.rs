@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenlease::config::LocalConfig;
+use tokenlease::ProcessConfig;
 use tokenlease::{Lease, Limiter, RedisStore, Rule};
 
 const KEYS: u64 = 1_000_000;
@@ -70,7 +70,7 @@ fn run(max_local_keys: usize, min_batch: u64, max_batch: u64) {
                     })
                 })
                 .expect("rule");
-            let local = LocalConfig {
+            let local = ProcessConfig {
                 max_local_keys,
                 ..Default::default()
             };
@@ -78,7 +78,7 @@ fn run(max_local_keys: usize, min_batch: u64, max_batch: u64) {
                 .store(Arc::new(store))
                 .timeout(Duration::from_secs(1))
                 .expected_processes(1)
-                .local(local)
+                .process(local)
                 .rule(rule)
                 .build()
                 .expect("limiter")

@@ -1,8 +1,9 @@
 //! Redis memory per key and Redis calls per decision for each algorithm, at "1,000,000 per 60 s" under load
 //! (the seeds' stated weakness of the sliding log). `cargo bench --bench memory` prints a table.
 //!
-//! Each algorithm gets one key driven by 1,000,000 decisions spread over a simulated 59 s (`now_ms` steps of
-//! 0.059 ms, 64 calls in flight), then `MEMORY USAGE key SAMPLES 0` (exact for a ZSET's every member).
+//! Each algorithm gets one key driven by 1,000,000 decisions through the public API (64 calls in flight, real
+//! time: every decision lands within the 60 s window on this machine), then `MEMORY USAGE key SAMPLES 0` (exact
+//! for a ZSET's every member).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -11,25 +12,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenlease::store::{Call, Script};
-use tokenlease::{RedisStore, Store};
+use tokenlease::{FailMode, Limiter, RedisStore, Rule};
 
 const DECISIONS: u64 = 1_000_000;
-const WINDOW_MS: i64 = 60_000;
-const T0: u64 = 1_700_000_000_000;
+const WINDOW: Duration = Duration::from_secs(60);
 
-fn call(script: Script, key: &str, i: u64) -> Call {
-    let keys = vec![key.to_owned(), format!("{key}:ban")];
-    let limit = i64::try_from(DECISIONS).unwrap_or(i64::MAX);
-    let c = match script {
-        Script::TokenBucket => Call::new(script, vec![key.to_owned()], vec![limit, limit, WINDOW_MS, 1, 1]),
-        Script::SlidingLog => Call::new(script, keys, vec![WINDOW_MS, limit, 1, 0]).with_member(format!("m{i}")),
-        Script::FixedWindow => Call::new(script, keys, vec![WINDOW_MS, limit, 1, 0, -1]),
-        Script::SlidingWindow => Call::new(script, keys, vec![WINDOW_MS, 6, limit, 1, 0]),
-        _ => Call::new(script, keys, vec![]),
-    };
-    // Spread over 59 s, so that every key is still alive (mid-window) when it is measured.
-    c.at(T0 + i * 59 / 1000)
+/// The rules measured, each at 1,000,000 per 60 s.
+fn rules() -> Vec<(Rule, &'static str)> {
+    let rule = |r: Result<Rule, tokenlease::Error>| r.expect("rule").with_fail_mode(FailMode::Closed);
+    vec![
+        (
+            rule(Rule::token_bucket("token_bucket", DECISIONS, DECISIONS, WINDOW)),
+            "token_bucket",
+        ),
+        (
+            rule(Rule::fixed_window("fixed_window", DECISIONS, WINDOW)),
+            "fixed_window",
+        ),
+        (
+            rule(Rule::sliding_window("sliding_window", DECISIONS, WINDOW, 6)),
+            "sliding_window (6 sub-buckets)",
+        ),
+        (rule(Rule::sliding_log("sliding_log", DECISIONS, WINDOW)), "sliding_log"),
+    ]
 }
 
 fn main() {
@@ -39,34 +44,35 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let store = {
+    let limiter = {
         let _g = rt.enter();
-        Arc::new(RedisStore::connect(&server.url(), Duration::from_secs(5)).expect("store"))
+        let store = RedisStore::connect(&server.url(), Duration::from_secs(5)).expect("store");
+        Limiter::builder()
+            .store(Arc::new(store))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("limiter")
     };
     println!("| algorithm | key | granted of {DECISIONS} | Redis bytes for the key | decisions/s (64 in flight) |");
     println!("| --- | --- | --- | --- | --- |");
-    for (script, name) in [
-        (Script::TokenBucket, "token_bucket"),
-        (Script::FixedWindow, "fixed_window"),
-        (Script::SlidingWindow, "sliding_window (6 sub-buckets)"),
-        (Script::SlidingLog, "sliding_log"),
-    ] {
-        let key = format!("tl:{{mem:{}}}", script.name());
+    for (rule, name) in rules() {
+        let key = limiter.store_key(&rule.name, "sku");
+        let rule = Arc::new(rule);
         let next = Arc::new(AtomicU64::new(0));
         let granted = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         rt.block_on(async {
             let mut tasks = Vec::new();
             for _ in 0..64 {
-                let (store, next, granted, key) = (store.clone(), next.clone(), granted.clone(), key.clone());
+                let (limiter, next, granted, rule) = (limiter.clone(), next.clone(), granted.clone(), rule.clone());
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= DECISIONS {
                             break;
                         }
-                        let reply = store.run(&call(script, &key, i)).await.expect("script");
-                        granted.fetch_add(reply.granted, Ordering::Relaxed);
+                        let decision = limiter.check_rule(&rule, "sku", 1).await.expect("check");
+                        granted.fetch_add(u64::from(decision.allowed), Ordering::Relaxed);
                     }
                 }));
             }

@@ -1,67 +1,16 @@
 //! `config.toml`: parsed with serde + toml, durations with humantime, unknown fields refused, every invalid value
-//! reported with its file, line and field (DESIGN.md §5).
+//! reported with its file, line and field (docs/ARCHITECTURE.md, "Configuration").
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::rule::{self, check_name, check_sub_buckets, parse_utc_offset, whole_ms, Algorithm, FailMode, Lease, Rule};
-
-/// A configuration error: where it is and what is wrong.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{}: cannot read: {source}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML or does not have the expected shape (unknown field, wrong type, ...).
-    #[error("{}{}: {}{message}", origin(.path), at_line(*.line), quoted(.source_line))]
-    Parse {
-        /// The file, when read from one.
-        path: Option<PathBuf>,
-        /// 1-based line, when known.
-        line: Option<usize>,
-        /// The text of that line (which names the field), when known.
-        source_line: Option<String>,
-        /// toml's message.
-        message: String,
-    },
-    /// A value is out of range.
-    #[error("{}{}: {context}`{field}`: {message}", origin(.path), at_line(*.line))]
-    Invalid {
-        /// The file, when read from one.
-        path: Option<PathBuf>,
-        /// 1-based line of the table holding the value, when known.
-        line: Option<usize>,
-        /// `rule "sku_buy": ` or empty.
-        context: String,
-        /// The field's name, e.g. `lease.max_batch`.
-        field: String,
-        /// What is wrong.
-        message: String,
-    },
-}
-
-fn origin(path: &Option<PathBuf>) -> String {
-    path.as_ref()
-        .map_or_else(|| "config".to_owned(), |p| p.display().to_string())
-}
-
-fn quoted(line: &Option<String>) -> String {
-    line.as_ref().map(|l| format!("`{l}`: ")).unwrap_or_default()
-}
-
-fn at_line(line: Option<usize>) -> String {
-    line.map(|l| format!(":{l}")).unwrap_or_default()
-}
+use crate::error::ConfigError;
+use crate::rule::{
+    self, check_name, check_sub_buckets, parse_utc_offset, positive, whole_ms, Algorithm, FailMode, Lease, Rule,
+};
 
 /// The whole configuration, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,8 +19,8 @@ pub struct Config {
     pub redis: Option<RedisConfig>,
     /// Where the binary serves `/metrics`.
     pub metrics: Option<MetricsConfig>,
-    /// Settings of the local lease cache.
-    pub local: LocalConfig,
+    /// Settings of this process (`[process]`; `[local]` is still read as its old name).
+    pub process: ProcessConfig,
     /// The rules, in file order, names unique.
     pub rules: Vec<Rule>,
     /// The limiter-wide fail mode (from `[redis] fail_mode`, default `local`).
@@ -112,23 +61,25 @@ pub struct MetricsConfig {
     pub listen: std::net::SocketAddr,
 }
 
-/// `[local]`: settings of this process: the cache of leased tokens, and the keys it accepts.
+/// `[process]` (formerly `[local]`, still accepted): settings of this process: the keys it accepts, and how
+/// many keys hold leased tokens and for how long when idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct LocalConfig {
+pub struct ProcessConfig {
     /// Keys longer than this many bytes are refused with [`crate::Error::InvalidArgument`] (1 to 1 MiB;
-    /// default [`crate::limiter::MAX_KEY_LEN`], 512).
+    /// default 512).
     #[serde(default = "default_max_key_bytes")]
     pub max_key_bytes: usize,
-    /// Keys kept in the local cache; the idlest are evicted beyond it.
+    /// Keys holding leased tokens at most; the idlest are evicted (their tokens given back) beyond it. Also bounds
+    /// the keys whose local-share admissions wait to be debited.
     #[serde(default = "default_max_local_keys")]
     pub max_local_keys: usize,
-    /// A key untouched this long is evicted (its tokens are given back first).
+    /// A leased key untouched this long is evicted (its tokens are given back first).
     #[serde(default = "default_idle_ttl", with = "humantime_serde")]
     pub idle_ttl: Duration,
 }
 
-impl Default for LocalConfig {
+impl Default for ProcessConfig {
     fn default() -> Self {
         Self {
             max_key_bytes: default_max_key_bytes(),
@@ -138,28 +89,26 @@ impl Default for LocalConfig {
     }
 }
 
+/// The default prefix of every store key.
+pub(crate) const DEFAULT_KEY_PREFIX: &str = "tl";
+/// The default timeout of a store call.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// The default number of processes sharing the limits.
+pub(crate) const DEFAULT_EXPECTED_PROCESSES: u32 = 4;
+/// The largest `max_key_bytes` allowed.
+const MAX_KEY_BYTES_LIMIT: usize = 1 << 20;
+
 fn default_prefix() -> String {
-    "tl".into()
+    DEFAULT_KEY_PREFIX.into()
 }
 fn default_timeout() -> Duration {
-    Duration::from_millis(50)
+    DEFAULT_TIMEOUT
 }
 fn default_expected_processes() -> u32 {
-    4
+    DEFAULT_EXPECTED_PROCESSES
 }
 fn default_max_key_bytes() -> usize {
-    crate::limiter::MAX_KEY_LEN
-}
-/// The largest `max_key_bytes` allowed.
-pub const MAX_KEY_BYTES_LIMIT: usize = 1 << 20;
-
-impl LocalConfig {
-    /// Why `max_key_bytes` is out of its range (1 B to 1 MiB), when it is: one check for the config file and
-    /// for [`crate::LimiterBuilder::local`].
-    pub(crate) fn max_key_bytes_error(&self) -> Option<String> {
-        (!(1..=MAX_KEY_BYTES_LIMIT).contains(&self.max_key_bytes))
-            .then(|| format!("must be between 1 and {MAX_KEY_BYTES_LIMIT} (1 MiB)"))
-    }
+    512
 }
 fn default_max_local_keys() -> usize {
     100_000
@@ -168,13 +117,46 @@ fn default_idle_ttl() -> Duration {
     Duration::from_secs(60)
 }
 
+type FieldError = (&'static str, String);
+
+impl ProcessConfig {
+    /// Checks the settings: one check for the config file and for [`crate::LimiterBuilder::process`].
+    ///
+    /// # Errors
+    /// The field out of range and why.
+    pub(crate) fn validate(&self) -> Result<(), FieldError> {
+        if !(1..=MAX_KEY_BYTES_LIMIT).contains(&self.max_key_bytes) {
+            let why = format!("must be between 1 and {MAX_KEY_BYTES_LIMIT} (1 MiB)");
+            return Err(("max_key_bytes", why));
+        }
+        positive(u64::try_from(self.max_local_keys).unwrap_or(u64::MAX), "max_local_keys")?;
+        if self.idle_ttl.is_zero() {
+            return Err(("idle_ttl", "must be longer than zero".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a key prefix: non-empty, without braces (the keys' hash tag is braced).
+pub(crate) fn check_key_prefix(prefix: &str) -> Result<(), FieldError> {
+    if prefix.is_empty() || prefix.contains(['{', '}']) {
+        return Err(("key_prefix", "must be non-empty and hold no `{` or `}`".into()));
+    }
+    Ok(())
+}
+
+/// Checks the number of processes sharing the limits: at least 1.
+pub(crate) fn check_expected_processes(n: u32) -> Result<(), FieldError> {
+    positive(u64::from(n), "expected_processes").map(|_| ())
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     redis: Option<Spanned<RedisConfig>>,
     metrics: Option<MetricsConfig>,
-    #[serde(default)]
-    local: LocalConfig,
+    #[serde(default, alias = "local")]
+    process: ProcessConfig,
     #[serde(default)]
     rule: Vec<Spanned<RawRule>>,
 }
@@ -298,7 +280,7 @@ impl Config {
         Self {
             redis: None,
             metrics: None,
-            local: LocalConfig::default(),
+            process: ProcessConfig::default(),
             rules,
             fail_mode: FailMode::default(),
         }
@@ -364,40 +346,16 @@ impl Config {
                 if r.timeout.is_zero() {
                     return Err(invalid(line, ctx(), "timeout", "must be longer than zero".into()));
                 }
-                if r.expected_processes == 0 {
-                    return Err(invalid(line, ctx(), "expected_processes", "must be at least 1".into()));
-                }
-                if r.key_prefix.is_empty() || r.key_prefix.contains(['{', '}']) {
-                    return Err(invalid(
-                        line,
-                        ctx(),
-                        "key_prefix",
-                        "must be non-empty and hold no `{` or `}`".into(),
-                    ));
-                }
+                check_expected_processes(r.expected_processes)
+                    .and_then(|()| check_key_prefix(&r.key_prefix))
+                    .map_err(|(field, why)| invalid(line, ctx(), field, why))?;
                 fail_mode = r.fail_mode;
                 Some(r)
             }
         };
-        if let Some(why) = raw.local.max_key_bytes_error() {
-            return Err(invalid(None, "[local] ".into(), "max_key_bytes", why));
-        }
-        if raw.local.max_local_keys == 0 {
-            return Err(invalid(
-                None,
-                "[local] ".into(),
-                "max_local_keys",
-                "must be at least 1".into(),
-            ));
-        }
-        if raw.local.idle_ttl.is_zero() {
-            return Err(invalid(
-                None,
-                "[local] ".into(),
-                "idle_ttl",
-                "must be longer than zero".into(),
-            ));
-        }
+        raw.process
+            .validate()
+            .map_err(|(field, why)| invalid(None, "[process] ".into(), field, why))?;
 
         let mut rules: Vec<Rule> = Vec::with_capacity(raw.rule.len());
         for spanned in raw.rule {
@@ -414,24 +372,15 @@ impl Config {
         Ok(Self {
             redis,
             metrics: raw.metrics,
-            local: raw.local,
+            process: raw.process,
             rules,
             fail_mode,
         })
     }
 }
 
-type FieldError = (&'static str, String);
-
 fn required<T>(v: Option<T>, field: &'static str, algorithm: &str) -> Result<T, FieldError> {
     v.ok_or_else(|| (field, format!("is required by algorithm {algorithm}")))
-}
-
-fn positive(v: u64, field: &'static str) -> Result<u64, FieldError> {
-    if v == 0 {
-        return Err((field, "must be at least 1".into()));
-    }
-    Ok(v)
 }
 
 fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
@@ -457,7 +406,7 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
         AlgorithmName::SlidingWindow => "sliding_window",
         AlgorithmName::LeakyBucket => "leaky_bucket",
     };
-    check_name(&r.name)?;
+    check_name(&r.name, "name")?;
     // Fields that belong to other algorithms are errors, not silently ignored.
     let allowed: &[&str] = match name {
         AlgorithmName::TokenBucket => &["capacity", "rate", "per", "lease", "ban"],

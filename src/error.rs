@@ -1,5 +1,6 @@
 //! Errors. A refusal is a [`crate::Decision`], never an error: errors are for what went wrong.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// What can go wrong when asking the limiter.
@@ -33,7 +34,7 @@ pub enum Error {
     Store(#[from] StoreError),
     /// The configuration is invalid.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] ConfigError),
     /// The limiter was shut down.
     #[error("the limiter is shut down")]
     ShutDown,
@@ -112,4 +113,58 @@ impl StoreError {
             StoreErrorKind::Timeout | StoreErrorKind::Io | StoreErrorKind::Cluster
         )
     }
+}
+
+/// A configuration error: where it is and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not have the expected shape (unknown field, wrong type, ...).
+    #[error("{}{}: {}{message}", origin(.path), at_line(*.line), quoted(.source_line))]
+    Parse {
+        /// The file, when read from one.
+        path: Option<PathBuf>,
+        /// 1-based line, when known.
+        line: Option<usize>,
+        /// The text of that line (which names the field), when known.
+        source_line: Option<String>,
+        /// toml's message.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("{}{}: {context}`{field}`: {message}", origin(.path), at_line(*.line))]
+    Invalid {
+        /// The file, when read from one.
+        path: Option<PathBuf>,
+        /// 1-based line of the table holding the value, when known.
+        line: Option<usize>,
+        /// `rule "sku_buy": ` or empty.
+        context: String,
+        /// The field's name, e.g. `lease.max_batch`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn origin(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map_or_else(|| "config".to_owned(), |p| p.display().to_string())
+}
+
+fn quoted(line: &Option<String>) -> String {
+    line.as_ref().map(|l| format!("`{l}`: ")).unwrap_or_default()
+}
+
+fn at_line(line: Option<usize>) -> String {
+    line.map(|l| format!(":{l}")).unwrap_or_default()
 }

@@ -1,4 +1,4 @@
-//! Metric names (DESIGN.md §6) and the handles the limiter records into.
+//! Metric names (docs/ARCHITECTURE.md, "Metrics") and the handles the limiter records into.
 //!
 //! The library only records, through the `metrics` facade; the binary installs the Prometheus exporter.
 //! With no recorder installed a metric costs one atomic load. Handles are registered when a rule is built:
@@ -6,6 +6,7 @@
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, SharedString, Unit};
 
+use crate::decision::Source;
 use crate::error::StoreErrorKind;
 
 /// Decisions, by `rule`, `outcome` (`allowed`/`rejected`, or `shadow_rejected` for a refusal a shadow rule turned
@@ -85,33 +86,6 @@ pub fn describe() {
         Unit::Seconds,
         "Time callers waited in a queue in seconds, by rule"
     );
-}
-
-/// Where a decision was made: the `source` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// From tokens leased into this process.
-    Local,
-    /// By a script in Redis.
-    Redis,
-    /// By the in-process store.
-    Memory,
-    /// By the rule's `fail_mode` while the store failed.
-    Fallback,
-}
-
-impl Source {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Local => "local",
-            Self::Redis => "redis",
-            Self::Memory => "memory",
-            Self::Fallback => "fallback",
-        }
-    }
-
-    const ALL: [Source; 4] = [Self::Local, Self::Redis, Self::Memory, Self::Fallback];
 }
 
 /// Handles for one rule, registered once so the hot path does no label lookup.

@@ -141,7 +141,7 @@ async fn the_key_bound_is_configurable() {
         "[local]\nmax_key_bytes = 8\n[[rule]]\nname = \"log\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1s\"\n",
     )
     .expect("config");
-    assert_eq!(config.local.max_key_bytes, 8);
+    assert_eq!(config.process.max_key_bytes, 8);
     let limiter = Limiter::from_config(config).expect("limiter");
     assert!(limiter.check("log", "12345678", 1).await.expect("8 bytes").allowed);
     match limiter.check("log", "123456789", 1).await {
@@ -152,11 +152,11 @@ async fn the_key_bound_is_configurable() {
         let err = tokenlease::Config::from_toml(&format!("[local]\nmax_key_bytes = {bad}\n")).expect_err(bad);
         assert!(err.to_string().contains("`max_key_bytes`"), "{err}");
     }
-    let local = tokenlease::config::LocalConfig {
+    let local = tokenlease::ProcessConfig {
         max_key_bytes: 0,
         ..Default::default()
     };
-    let built = Limiter::builder().local(local).build();
+    let built = Limiter::builder().process(local).build();
     assert!(matches!(
         built,
         Err(Error::InvalidArgument {

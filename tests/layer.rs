@@ -17,7 +17,7 @@ use axum::Router;
 use common::RedisServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
-use tokenlease::middleware::{insert_headers, HeaderName, KeySource, RateLimitLayer, RATELIMIT, RATELIMIT_POLICY};
+use tokenlease::http::{insert_headers, HeaderName, KeySource, RateLimitLayer, RATELIMIT, RATELIMIT_POLICY};
 use tokenlease::{Decision, Limiter, Quota, RedisStore, Rule, Source};
 use tower::ServiceExt;
 

@@ -231,14 +231,14 @@ async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
             })
         })
         .expect("rule");
-    let local = tokenlease::config::LocalConfig {
+    let local = tokenlease::ProcessConfig {
         max_local_keys: 10,
         idle_ttl: Duration::from_secs(600),
         ..Default::default()
     };
     let limiter = Limiter::builder()
         .rule(rule)
-        .local(local)
+        .process(local)
         .expected_processes(1)
         .build()
         .expect("limiter");

@@ -1,4 +1,4 @@
-//! The limiter records the metrics of DESIGN.md §6 (with a local debugging recorder: no global state).
+//! The limiter records the metrics of the README's metrics table (with a local debugging recorder: no global state).
 
 mod common;
 

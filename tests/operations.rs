@@ -578,7 +578,7 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
     );
     traffic(&sidecar);
 
-    // Every metric of DESIGN.md §6, with the labels the dashboards group by.
+    // Every metric of the README's metrics table, with the labels the dashboards group by.
     let expected: [(&str, &[&str]); 11] = [
         (
             r#"tokenlease_decisions_total{rule="like",outcome="allowed",source="redis"}"#,

@@ -1,113 +1,13 @@
-//! The leaky-bucket queue: exact schedules replayed on both stores, waits under tokio's paused clock, and
-//! pacing shared by several limiters on a real Redis.
+//! The queues through the public API: waits under tokio's paused clock, and pacing shared by several limiters
+//! on a real Redis. The exact schedules replayed on both stores run inside the crate
+//! (`src/store/tests/queue.rs`).
 
 mod common;
-
-use common::r;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokenlease::store::{Call, Script};
-use tokenlease::{Error, Limiter, MemoryStore, RedisStore, Rule, Store, TokioClock};
-
-fn reserve(key: &str, rate: i64, per_ms: i64, cost: i64, max_wait_ms: i64, member: &str, now: u64) -> Call {
-    Call::new(
-        Script::LeakyBucket,
-        vec![key.into()],
-        vec![rate, per_ms, cost, max_wait_ms],
-    )
-    .with_member(member)
-    .at(now)
-}
-
-fn give_back(key: &str, rate: i64, per_ms: i64, cost: i64, member: &str, now: u64) -> Call {
-    Call::new(Script::LeakyReturn, vec![key.into()], vec![rate, per_ms, cost])
-        .with_member(member)
-        .at(now)
-}
-
-async fn table(s: &dyn Store, p: &str) {
-    let k = |n: &str| format!("tl:{{q:{p}-{n}}}");
-    let t0 = 1_700_000_000_000;
-    // 10 per second (100 ms apart), at most 250 ms of wait.
-    let steps = [
-        (reserve(&k("a"), 10, 1000, 1, 250, "a1", t0), r(1, 2, 0, 100)),
-        (reserve(&k("a"), 10, 1000, 1, 250, "a2", t0), r(1, 1, 100, 200)),
-        (reserve(&k("a"), 10, 1000, 1, 250, "a3", t0), r(1, 0, 200, 300)),
-        (reserve(&k("a"), 10, 1000, 1, 250, "a4", t0), r(0, 0, 50, 300)),
-        (reserve(&k("a"), 10, 1000, 1, 250, "a5", t0 + 50), r(1, 0, 250, 350)),
-        // 5000 per second: 0.2 ms apart, kept exactly (waits round up to whole ms).
-        // remaining: slots starting within 10 ms (at 0.2, 0.4, ... 10.0 ms after the TAT).
-        (reserve(&k("fast"), 5000, 1000, 1, 10, "f1", t0), r(1, 50, 0, 1)),
-        (reserve(&k("fast"), 5000, 1000, 1, 10, "f2", t0), r(1, 49, 1, 1)),
-        (reserve(&k("fast"), 5000, 1000, 3, 10, "f3", t0), r(3, 46, 1, 1)),
-        (reserve(&k("fast"), 5000, 1000, 5, 10, "f4", t0), r(5, 41, 1, 2)),
-        // The TAT was exactly t0 + 2 ms: at that millisecond the queue is empty again.
-        (reserve(&k("fast"), 5000, 1000, 1, 10, "f5", t0 + 2), r(1, 50, 0, 1)),
-        // Handing back: only the last reservation can be.
-        (reserve(&k("b"), 10, 1000, 1, 1000, "b1", t0), r(1, 10, 0, 100)),
-        (reserve(&k("b"), 10, 1000, 1, 1000, "b2", t0), r(1, 9, 100, 200)),
-        (give_back(&k("b"), 10, 1000, 1, "b1", t0 + 10), r(0, 0, 0, 190)),
-        (give_back(&k("b"), 10, 1000, 1, "b2", t0 + 10), r(1, 0, 0, 90)),
-        (reserve(&k("b"), 10, 1000, 1, 1000, "b3", t0 + 10), r(1, 9, 90, 190)),
-        // try: no wait allowed
-        (reserve(&k("c"), 10, 1000, 1, 0, "c1", t0), r(1, 0, 0, 100)),
-        (reserve(&k("c"), 10, 1000, 1, 0, "c2", t0 + 40), r(0, 0, 60, 60)),
-        (reserve(&k("c"), 10, 1000, 1, 0, "c3", t0 + 100), r(1, 0, 0, 100)),
-    ];
-    for (i, (call, want)) in steps.iter().enumerate() {
-        let got = s.run(call).await.unwrap_or_else(|e| panic!("step {i}: {e}"));
-        assert_eq!(got, *want, "step {i}: {call:?}");
-    }
-}
-
-/// token_acquire.lua: capacity, rate, per_ms, cost, max_wait_ms, now_ms.
-fn acquire_call(key: &str, (capacity, rate, per_ms): (i64, i64, i64), cost: i64, max_wait_ms: i64, now: u64) -> Call {
-    Call::new(
-        Script::TokenAcquire,
-        vec![key.into()],
-        vec![capacity, rate, per_ms, cost, max_wait_ms],
-    )
-    .at(now)
-}
-
-/// Guava's "consume now, pay later" replayed: 5 per second, a burst of 10.
-async fn debt_table(s: &dyn Store, p: &str) {
-    let k = format!("tl:{{debt:{p}}}");
-    let b = (10, 5, 1000);
-    let t0 = 1_700_000_000_000;
-    let steps = [
-        // A full bucket, not in debt: 10 at once, then 10 more at once, into debt (2 s of it).
-        (acquire_call(&k, b, 10, 5_000, t0), r(10, 0, 0, 2_000)),
-        (acquire_call(&k, b, 10, 5_000, t0), r(10, 0, 0, 4_000)),
-        // The next caller pays: it waits the 2 s of debt, and takes its token.
-        (acquire_call(&k, b, 1, 5_000, t0), r(1, 0, 2_000, 4_200)),
-        // A wait over max_wait is refused with the time until it would fit.
-        (acquire_call(&k, b, 1, 1_000, t0), r(0, 0, 1_200, 4_200)),
-        // 2.2 s later the debt is repaid: no wait again.
-        (acquire_call(&k, b, 1, 0, t0 + 2_200), r(1, 0, 0, 2_200)),
-        // check-style callers are refused while the bucket is in debt, with the time until a token is there.
-        (
-            Call::new(Script::TokenBucket, vec![k.clone()], vec![10, 5, 1000, 1, 1]).at(t0 + 2_200),
-            r(0, 0, 400, 2_200),
-        ),
-        // cost above the capacity can never be granted
-        (acquire_call(&k, b, 11, 60_000, t0 + 2_200), r(0, 0, -1, 2_200)),
-    ];
-    for (i, (call, want)) in steps.iter().enumerate() {
-        let got = s.run(call).await.unwrap_or_else(|e| panic!("step {i}: {e}"));
-        assert_eq!(got, *want, "step {i}: {call:?}");
-    }
-}
-
-#[tokio::test]
-async fn debt_table_on_both_stores() {
-    debt_table(&MemoryStore::new(), "mem").await;
-    let server = common::RedisServer::start();
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
-    debt_table(&store, "redis").await;
-}
+use tokenlease::{Error, Limiter, MemoryStore, RedisStore, Rule, TokioClock};
 
 #[tokio::test(start_paused = true)]
 async fn token_bucket_acquire_consumes_now_and_pays_later() {
@@ -148,18 +48,6 @@ async fn token_bucket_acquire_consumes_now_and_pays_later() {
         limiter.acquire("api", "k", 1).await.expect("permit").waited,
         Duration::from_millis(600)
     );
-}
-
-#[tokio::test]
-async fn leaky_table_on_memory_store() {
-    table(&MemoryStore::new(), "mem").await;
-}
-
-#[tokio::test]
-async fn leaky_table_on_redis() {
-    let server = common::RedisServer::start();
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
-    table(&store, "redis").await;
 }
 
 fn paused_limiter(rate: u64, max_wait: Duration) -> Limiter {

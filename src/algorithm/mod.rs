@@ -16,7 +16,7 @@ pub use window::{FixedWindow, SlidingLog, SlidingWindow, WindowCount};
 
 /// The reply every algorithm (and every Lua script) gives: `{ granted, remaining, retry_after_ms, reset_after_ms }`.
 ///
-/// See DESIGN.md §4 for the protocol.
+/// See docs/ARCHITECTURE.md, "The Lua protocol".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Reply {
     /// Tokens granted: 0 when refused; for a plain check 0 or the cost; for a lease between `min` and `max`.

@@ -6,14 +6,13 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::{arg, bad_args, BoxFuture, Call, Script, Store};
+use super::call::{Call, Op};
+use super::{bad_args, BoxFuture, Store};
 use crate::algorithm::window::{Log, SubBuckets};
-use crate::algorithm::{
-    Ban, FixedWindow, LeakyBucket, Reply, SlidingLog, SlidingWindow, Tat, TokenBucket, TokenBucketState, WindowCount,
-};
+use crate::algorithm::{Ban, FixedWindow, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
 use crate::clock::{Clock, MonotonicClock};
+use crate::decision::Source;
 use crate::error::StoreError;
-use crate::telemetry::Source;
 
 /// Per-key state of the in-process store. The ban lives beside the window (Redis keeps it in a second key
 /// of the same hash tag): one entry, one lock.
@@ -79,144 +78,162 @@ impl MemoryStore {
         self.map.is_empty()
     }
 
-    /// Runs a call synchronously.
+    /// Runs a call synchronously: the same math as the call's script.
     ///
     /// # Errors
-    /// [`StoreError`] of kind `Other` when the arguments are malformed.
-    pub fn run_sync(&self, call: &Call) -> Result<Reply, StoreError> {
+    /// [`StoreError`] of kind `Other` when the arguments are out of range (as the script refuses them).
+    pub(crate) fn run_sync(&self, call: &Call) -> Result<Reply, StoreError> {
         let now = call.now_ms.unwrap_or_else(|| self.clock.now_ms());
-        let key = call.keys.first().ok_or_else(|| bad_args(call, "no key"))?;
+        let key = call.key.as_str();
         self.purge(now);
-        match call.script {
-            Script::TokenBucket | Script::TokenReturn | Script::TokenAcquire => {
-                let bucket = TokenBucket {
-                    capacity: arg(call, 0)?,
-                    rate: arg(call, 1)?,
-                    per_ms: arg(call, 2)?,
-                };
-                if bucket.capacity == 0 || bucket.per_ms == 0 {
-                    return Err(bad_args(call, "capacity and per_ms must be at least 1"));
-                }
-                // min and max (token_bucket), tokens (token_return; negative: a debit), cost and max_wait_ms
-                // (token_acquire).
-                let debit = call.script == Script::TokenReturn && call.args.get(3).is_some_and(|n| *n < 0);
-                let a = match call.args.get(3) {
-                    Some(n) if debit => n.unsigned_abs(),
-                    _ => arg(call, 3)?,
-                };
-                let b = if call.script == Script::TokenReturn {
-                    0
-                } else {
-                    arg(call, 4)?
-                };
-                if (call.script == Script::TokenBucket && (a == 0 || b < a))
-                    || (call.script == Script::TokenAcquire && a == 0)
-                {
-                    return Err(bad_args(call, "need 1 <= min <= max"));
-                }
-                // A second key is the ban; its duration follows max (token_bucket.lua's ARGV[6]).
-                let ban_ms = if call.keys.len() > 1 { arg(call, 5)? } else { 0 };
-                self.update(key, now, |state| {
-                    let (old, mut ban) = match state {
-                        Some(State::TokenBucket(s, ban)) => (s, ban),
-                        _ => (None, Ban::default()),
-                    };
-                    let (new, reply) = match call.script {
-                        Script::TokenBucket => bucket.take_banned(old, &mut ban, a, b, ban_ms, now),
-                        Script::TokenAcquire => bucket.acquire(old, a, b, now),
-                        _ if debit => bucket.debit(old, a, now),
-                        _ => bucket.give_back(old, a, now),
-                    };
-                    let keep = new.is_some() || ban.until_ms > now;
-                    (keep.then_some(State::TokenBucket(new, ban)), reply)
-                })
+        match &call.op {
+            Op::TokenBucket { bucket, .. } | Op::TokenReturn { bucket, .. } | Op::TokenAcquire { bucket, .. }
+                if bucket.capacity == 0 || bucket.per_ms == 0 =>
+            {
+                Err(bad_args(call, "capacity and per_ms must be at least 1"))
             }
-            Script::SlidingLog => {
-                let (window_ms, limit, cost, ban_ms) = window_args(call, 0, 1, 2, 3)?;
-                let algo = SlidingLog { limit, window_ms };
+            Op::TokenBucket { min, max, .. } if *min == 0 || max < min => Err(bad_args(call, "need 1 <= min <= max")),
+            Op::TokenAcquire { cost: 0, .. } => Err(bad_args(call, "need 1 <= min <= max")),
+            Op::TokenBucket {
+                bucket,
+                min,
+                max,
+                ban_ms,
+            } => self.update_bucket(key, now, |old, ban| {
+                bucket.take_banned(old, ban, *min, *max, *ban_ms, now)
+            }),
+            Op::TokenAcquire {
+                bucket,
+                cost,
+                max_wait_ms,
+            } => self.update_bucket(key, now, |old, _| bucket.acquire(old, *cost, *max_wait_ms, now)),
+            Op::TokenReturn { bucket, tokens } if *tokens < 0 => {
+                self.update_bucket(key, now, |old, _| bucket.debit(old, tokens.unsigned_abs(), now))
+            }
+            Op::TokenReturn { bucket, tokens } => {
+                let tokens = tokens.unsigned_abs();
+                self.update_bucket(key, now, |old, _| bucket.give_back(old, tokens, now))
+            }
+            Op::SlidingLog {
+                window_ms,
+                limit,
+                cost,
+                ban_ms,
+                ..
+            } => {
+                check_window(call, *window_ms, *limit, *cost)?;
+                let algo = SlidingLog {
+                    limit: *limit,
+                    window_ms: *window_ms,
+                };
                 self.update(key, now, |state| {
                     let (mut log, mut ban) = match state {
                         Some(State::SlidingLog(log, ban)) => (log, ban),
                         _ => Default::default(),
                     };
-                    let reply = algo.take(&mut log, &mut ban, cost, ban_ms, now);
+                    let reply = algo.take(&mut log, &mut ban, *cost, *ban_ms, now);
                     let keep = !log.is_empty() || ban.until_ms > now;
                     (keep.then_some(State::SlidingLog(log, ban)), reply)
                 })
             }
-            Script::FixedWindow => {
-                let (window_ms, limit, cost, ban_ms) = window_args(call, 0, 1, 2, 3)?;
-                let align = call
-                    .args
-                    .get(4)
-                    .copied()
-                    .ok_or_else(|| bad_args(call, "align_ms missing"))?;
-                if align < -1 {
-                    return Err(bad_args(call, "align_ms must be -1 or at least 0"));
-                }
+            Op::FixedWindow {
+                window_ms,
+                limit,
+                cost,
+                ban_ms,
+                align_ms,
+            } => {
+                check_window(call, *window_ms, *limit, *cost)?;
                 let algo = FixedWindow {
-                    limit,
-                    window_ms,
-                    align_ms: u64::try_from(align).ok(),
+                    limit: *limit,
+                    window_ms: *window_ms,
+                    align_ms: *align_ms,
                 };
                 self.update(key, now, |state| {
                     let (mut count, mut ban) = match state {
                         Some(State::FixedWindow(count, ban)) => (count, ban),
                         _ => Default::default(),
                     };
-                    let reply = algo.take(&mut count, &mut ban, cost, ban_ms, now);
+                    let reply = algo.take(&mut count, &mut ban, *cost, *ban_ms, now);
                     (Some(State::FixedWindow(count, ban)), reply)
                 })
             }
-            Script::LeakyBucket | Script::LeakyReturn => {
-                let queue = LeakyBucket {
-                    rate: arg(call, 0)?,
-                    per_ms: arg(call, 1)?,
-                };
-                let cost = arg(call, 2)?;
-                let member = call.member.as_deref().ok_or_else(|| bad_args(call, "member missing"))?;
-                if queue.rate == 0 || queue.per_ms == 0 || cost == 0 {
-                    return Err(bad_args(call, "rate, per_ms and cost must be at least 1"));
-                }
-                let max_wait_ms = if call.script == Script::LeakyBucket {
-                    arg(call, 3)?
-                } else {
-                    0
-                };
-                self.update(key, now, |state| {
-                    let mut tat = match state {
-                        Some(State::LeakyBucket(t)) => Some(t),
-                        _ => None,
-                    };
-                    let reply = match call.script {
-                        Script::LeakyBucket => queue.reserve(&mut tat, cost, max_wait_ms, member, now),
-                        _ => queue.give_back(&mut tat, cost, member, now),
-                    };
-                    (tat.map(State::LeakyBucket), reply)
-                })
-            }
-            Script::SlidingWindow => {
-                let (window_ms, limit, cost, ban_ms) = window_args(call, 0, 2, 3, 4)?;
-                let sub_buckets = arg(call, 1)?;
-                if sub_buckets == 0 || window_ms < sub_buckets || window_ms % sub_buckets != 0 {
+            Op::SlidingWindow {
+                window_ms,
+                sub_buckets,
+                limit,
+                cost,
+                ban_ms,
+            } => {
+                check_window(call, *window_ms, *limit, *cost)?;
+                if *sub_buckets == 0 || window_ms < sub_buckets || window_ms % sub_buckets != 0 {
                     return Err(bad_args(call, "sub_buckets must divide window_ms"));
                 }
                 let algo = SlidingWindow {
-                    limit,
-                    window_ms,
-                    sub_buckets,
+                    limit: *limit,
+                    window_ms: *window_ms,
+                    sub_buckets: *sub_buckets,
                 };
                 self.update(key, now, |state| {
                     let (mut subs, mut ban) = match state {
                         Some(State::SlidingWindow(subs, ban)) => (subs, ban),
                         _ => Default::default(),
                     };
-                    let reply = algo.take(&mut subs, &mut ban, cost, ban_ms, now);
+                    let reply = algo.take(&mut subs, &mut ban, *cost, *ban_ms, now);
                     let keep = !subs.is_empty() || ban.until_ms > now;
                     (keep.then_some(State::SlidingWindow(subs, ban)), reply)
                 })
             }
+            Op::LeakyBucket { queue, cost, .. } | Op::LeakyReturn { queue, cost, .. }
+                if queue.rate == 0 || queue.per_ms == 0 || *cost == 0 =>
+            {
+                Err(bad_args(call, "rate, per_ms and cost must be at least 1"))
+            }
+            Op::LeakyBucket {
+                queue,
+                cost,
+                max_wait_ms,
+                member,
+            } => self.update_queue(key, now, |tat| queue.reserve(tat, *cost, *max_wait_ms, member, now)),
+            Op::LeakyReturn { queue, cost, member } => {
+                self.update_queue(key, now, |tat| queue.give_back(tat, *cost, member, now))
+            }
         }
+    }
+
+    /// Applies a token-bucket step to the key's bucket and ban; a full bucket with no ban is dropped.
+    fn update_bucket(
+        &self,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(Option<TokenBucketState>, &mut Ban) -> (Option<TokenBucketState>, Reply),
+    ) -> Result<Reply, StoreError> {
+        self.update(key, now, |state| {
+            let (old, mut ban) = match state {
+                Some(State::TokenBucket(s, ban)) => (s, ban),
+                _ => (None, Ban::default()),
+            };
+            let (new, reply) = f(old, &mut ban);
+            let keep = new.is_some() || ban.until_ms > now;
+            (keep.then_some(State::TokenBucket(new, ban)), reply)
+        })
+    }
+
+    /// Applies a leaky-bucket step to the key's queue.
+    fn update_queue(
+        &self,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(&mut Option<Tat>) -> Reply,
+    ) -> Result<Reply, StoreError> {
+        self.update(key, now, |state| {
+            let mut tat = match state {
+                Some(State::LeakyBucket(t)) => Some(t),
+                _ => None,
+            };
+            let reply = f(&mut tat);
+            (tat.map(State::LeakyBucket), reply)
+        })
     }
 
     /// Applies `f` to the key's state under its shard lock; `None` removes the key.
@@ -274,13 +291,12 @@ impl MemoryStore {
     }
 }
 
-/// `(window_ms, limit, cost, ban_ms)` from the given argument positions, checked.
-fn window_args(call: &Call, w: usize, l: usize, c: usize, b: usize) -> Result<(u64, u64, u64, u64), StoreError> {
-    let (window_ms, limit, cost, ban_ms) = (arg(call, w)?, arg(call, l)?, arg(call, c)?, arg(call, b)?);
+/// Window, limit and cost are at least 1, as the window scripts require.
+fn check_window(call: &Call, window_ms: u64, limit: u64, cost: u64) -> Result<(), StoreError> {
     if window_ms == 0 || limit == 0 || cost == 0 {
         return Err(bad_args(call, "window_ms, limit and cost must be at least 1"));
     }
-    Ok((window_ms, limit, cost, ban_ms))
+    Ok(())
 }
 
 impl Store for MemoryStore {

@@ -1,7 +1,7 @@
 //! The Redis store: each call is one `EVALSHA` of a script of `lua/` (`EVAL` and a reload on `NOSCRIPT`,
 //! which `redis::Script` does), under a timeout, over a [`ConnectionManager`] that reconnects by itself, or a
 //! Redis Cluster connection that follows `MOVED` and `ASK` redirections and refreshes its slot map. Every key a
-//! script touches shares one hash tag (`{rule:key}`), so each call goes to one slot (DESIGN.md invariant 5).
+//! script touches shares one hash tag (`{rule:key}`), so each call goes to one slot (docs/ARCHITECTURE.md, invariant 5).
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -11,31 +11,19 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::watch;
 
-use super::{BoxFuture, Call, Script, Store};
+use super::call::{Arg, Call, Script};
+use super::{BoxFuture, Store};
 use crate::algorithm::Reply;
+use crate::decision::Source;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::telemetry::{ScriptMetrics, Source};
+use crate::telemetry::ScriptMetrics;
 
 /// Every script, hashed once (`EVALSHA` by hash, `EVAL` and reload on `NOSCRIPT`).
 static SCRIPTS: LazyLock<[redis::Script; Script::ALL.len()]> =
-    LazyLock::new(|| Script::ALL.map(|s| redis::Script::new(script_source(s))));
+    LazyLock::new(|| Script::ALL.map(|s| redis::Script::new(s.source())));
 
 fn script(s: Script) -> &'static redis::Script {
     &SCRIPTS[s as usize]
-}
-
-/// The source text of a script of `lua/`, for services in other languages that run them themselves.
-pub fn script_source(s: Script) -> &'static str {
-    match s {
-        Script::TokenBucket => include_str!("../../lua/token_bucket.lua"),
-        Script::TokenReturn => include_str!("../../lua/token_return.lua"),
-        Script::SlidingLog => include_str!("../../lua/sliding_log.lua"),
-        Script::FixedWindow => include_str!("../../lua/fixed_window.lua"),
-        Script::SlidingWindow => include_str!("../../lua/sliding_window.lua"),
-        Script::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
-        Script::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
-        Script::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
-    }
 }
 
 /// The connection: one server, or a cluster's, published by the task that connects it in the background (so
@@ -212,25 +200,18 @@ impl RedisStore {
     }
 
     async fn run_call(&self, call: &Call) -> Result<Reply, StoreError> {
-        let script = script(call.script);
+        let script = script(call.script());
         let mut invocation = script.prepare_invoke();
-        for key in &call.keys {
+        for key in call.keys() {
             invocation.key(key);
         }
-        let member_at = call.script.member_position();
-        for (i, arg) in call.args.iter().enumerate() {
-            if member_at == Some(i) {
-                invocation.arg(call.member.as_deref().unwrap_or(""));
-            }
-            invocation.arg(*arg);
+        for arg in call.args() {
+            match arg {
+                Arg::Int(v) => invocation.arg(v),
+                Arg::Str(s) => invocation.arg(s),
+            };
         }
-        if member_at == Some(call.args.len()) {
-            invocation.arg(call.member.as_deref().unwrap_or(""));
-        }
-        if let Some(now) = call.now_ms {
-            invocation.arg(now);
-        }
-        let metrics = self.metrics.get(call.script as usize);
+        let metrics = self.metrics.get(call.script() as usize);
         let started = Instant::now();
         let timeout = call.timeout.unwrap_or(self.timeout);
         let invoke = async { invocation.invoke_async::<Vec<i64>>(&mut self.active().await?).await };
@@ -238,7 +219,7 @@ impl RedisStore {
         if let Some(m) = metrics {
             m.duration.record(started.elapsed().as_secs_f64());
         }
-        let name = call.script.name();
+        let name = call.script().name();
         let outcome = match result {
             Err(_) => Err(StoreError::timeout(name, timeout)),
             Ok(Err(e)) => Err(classify(name, e)),

@@ -8,16 +8,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The four integers every script replies: `{ granted, remaining, retry_after_ms, reset_after_ms }`.
-pub fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: i64) -> tokenlease::algorithm::Reply {
-    tokenlease::algorithm::Reply {
-        granted,
-        remaining,
-        retry_after_ms,
-        reset_after_ms,
-    }
-}
-
 /// Polls `f` every 50 ms until it gives a value or `limit` has passed.
 pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;

@@ -24,9 +24,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
-use tokenlease::middleware::{
-    error_response, error_status, insert_decision_headers, insert_retry_after, json_response,
-};
+use tokenlease::http::{error_response, error_status, insert_decision_headers, insert_retry_after, json_response};
 use tokenlease::{Config, Decision, Error, Limiter};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -74,7 +72,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     tokenlease::telemetry::describe();
-    let max_body = MAX_BODY + config.local.max_key_bytes;
+    let max_body = MAX_BODY + config.process.max_key_bytes;
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
     let stop = CancellationToken::new();
     let state = AppState {

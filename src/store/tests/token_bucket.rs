@@ -1,44 +1,29 @@
 //! The token-bucket scripts replayed with exact `now_ms` sequences, the same table against a real Redis and
 //! against the in-process store (which runs the pure algorithm the scripts mirror).
 
-mod common;
+use super::harness::{r, step, EveryStore, Step};
+use crate::algorithm::{Reply, TokenBucket};
+use crate::store::{Call, Store};
 
-use common::r;
-use tokenlease::algorithm::Reply;
+fn bucket((capacity, rate, per_ms): (u64, u64, u64)) -> TokenBucket {
+    TokenBucket { capacity, rate, per_ms }
+}
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use tokenlease::store::{Call, Script};
-use tokenlease::{MemoryStore, RedisStore, Store};
-
-fn take(key: &str, (capacity, rate, per_ms): (i64, i64, i64), min: i64, max: i64, now: u64) -> Call {
-    Call::new(
-        Script::TokenBucket,
-        vec![key.into()],
-        vec![capacity, rate, per_ms, min, max],
-    )
-    .at(now)
+fn take(key: &str, params: (u64, u64, u64), min: u64, max: u64, now: u64) -> Call {
+    Call::take(key, bucket(params), min, max).at(now)
 }
 
 /// token_bucket.lua with a ban key: ARGV capacity, rate, per_ms, min, max, ban_ms, now_ms.
-fn take_banned(key: &str, (capacity, rate, per_ms): (i64, i64, i64), cost: i64, ban_ms: i64, now: u64) -> Call {
-    let keys = vec![key.to_owned(), format!("{key}:ban")];
-    Call::new(
-        Script::TokenBucket,
-        keys,
-        vec![capacity, rate, per_ms, cost, cost, ban_ms],
-    )
-    .at(now)
+fn take_banned(key: &str, params: (u64, u64, u64), cost: u64, ban_ms: u64, now: u64) -> Call {
+    Call::take_or_ban(key, bucket(params), cost, ban_ms).at(now)
 }
 
-fn give(key: &str, (capacity, rate, per_ms): (i64, i64, i64), tokens: i64, now: u64) -> Call {
-    Call::new(
-        Script::TokenReturn,
-        vec![key.into()],
-        vec![capacity, rate, per_ms, tokens],
-    )
-    .at(now)
+fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
+    Call::give_back(key, bucket(params), tokens).at(now)
+}
+
+fn acquire(key: &str, params: (u64, u64, u64), cost: u64, max_wait_ms: u64, now: u64) -> Call {
+    Call::acquire(key, bucket(params), cost, max_wait_ms).at(now)
 }
 
 /// Each case: a name and a sequence of (call, expected reply).
@@ -131,14 +116,8 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
         (
             "a token bucket in debt reports no tokens left, never a negative count",
             vec![
-                (
-                    Call::new(Script::TokenAcquire, vec![k("debt")], vec![10, 1, 1_000, 10, 60_000]).at(0),
-                    r(10, 0, 0, 10_000),
-                ),
-                (
-                    Call::new(Script::TokenAcquire, vec![k("debt")], vec![10, 1, 1_000, 5, 60_000]).at(0),
-                    r(5, 0, 0, 15_000),
-                ),
+                (acquire(&k("debt"), ten_per_10s, 10, 60_000, 0), r(10, 0, 0, 10_000)),
+                (acquire(&k("debt"), ten_per_10s, 5, 60_000, 0), r(5, 0, 0, 15_000)),
                 (take(&k("debt"), (10, 1, 1_000), 1, 1, 0), r(0, 0, 6_000, 15_000)),
                 (give(&k("debt"), (10, 1, 1_000), 2, 0), r(2, 0, 0, 13_000)),
             ],
@@ -157,18 +136,9 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
         (
             "a debit never lifts a debt deeper than the capacity (an acquire's)",
             vec![
-                (
-                    Call::new(Script::TokenAcquire, vec![k("deep")], vec![10, 1, 1_000, 10, 60_000]).at(0),
-                    r(10, 0, 0, 10_000),
-                ),
-                (
-                    Call::new(Script::TokenAcquire, vec![k("deep")], vec![10, 1, 1_000, 5, 60_000]).at(0),
-                    r(5, 0, 0, 15_000),
-                ),
-                (
-                    Call::new(Script::TokenAcquire, vec![k("deep")], vec![10, 1, 1_000, 10, 60_000]).at(0),
-                    r(10, 0, 5_000, 25_000),
-                ),
+                (acquire(&k("deep"), ten_per_10s, 10, 60_000, 0), r(10, 0, 0, 10_000)),
+                (acquire(&k("deep"), ten_per_10s, 5, 60_000, 0), r(5, 0, 0, 15_000)),
+                (acquire(&k("deep"), ten_per_10s, 10, 60_000, 0), r(10, 0, 5_000, 25_000)),
                 (give(&k("deep"), ten_per_10s, -3, 0), r(0, 0, 0, 25_000)),
             ],
         ),
@@ -196,36 +166,26 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
     ]
 }
 
-async fn run_table(store: &dyn Store, prefix: &str) {
-    for (name, steps) in cases(prefix) {
-        for (i, (call, expected)) in steps.iter().enumerate() {
-            let got = store
-                .run(call)
-                .await
-                .unwrap_or_else(|e| panic!("{name}, step {i}: {e}"));
-            assert_eq!(got, *expected, "{name}, step {i}: {call:?}");
-        }
+/// The cases as one table of steps.
+fn table(p: &str) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for (name, case) in cases(p) {
+        steps.extend(case.into_iter().map(|(call, reply)| step(name, call, reply)));
     }
+    steps
 }
 
 #[tokio::test]
-async fn token_bucket_table_on_memory_store() {
-    run_table(&MemoryStore::new(), "tl").await;
-}
-
-#[tokio::test]
-async fn token_bucket_table_on_redis() {
-    let server = common::RedisServer::start();
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
-    run_table(&store, "tl").await;
+async fn token_bucket_table_on_every_store() {
+    EveryStore::start().replay(table).await;
 }
 
 #[tokio::test]
 async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
-    let server = common::RedisServer::start();
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
+    let stores = EveryStore::start();
+    let (server, store) = (&stores.server, &stores.redis);
     // Real time: 1 token per 10 s; one taken, the key lives until it would be full again (10 s).
-    let call = Call::new(Script::TokenBucket, vec!["tl:{x:ttl}".into()], vec![5, 1, 10_000, 1, 1]);
+    let call = Call::take("tl:{x:ttl}", bucket((5, 1, 10_000)), 1, 1);
     assert_eq!(store.run(&call).await.expect("take").granted, 1);
     let pttl: i64 = server
         .cmd(&["PTTL", "tl:{x:ttl}"])
@@ -235,11 +195,7 @@ async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
         .expect("int");
     assert!((9_000..=10_000).contains(&pttl), "pttl {pttl}");
     // Rate 0: expiring would refill the stock, so the key never expires.
-    let stock = Call::new(
-        Script::TokenBucket,
-        vec!["tl:{x:stock}".into()],
-        vec![5, 0, 1_000, 1, 1],
-    );
+    let stock = Call::take("tl:{x:stock}", bucket((5, 0, 1_000)), 1, 1);
     assert_eq!(store.run(&stock).await.expect("take").granted, 1);
     assert_eq!(server.cmd(&["PTTL", "tl:{x:stock}"]).expect("pttl").trim(), "-1");
 }
@@ -247,9 +203,8 @@ async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
 /// A pseudo-random sequence of takes and returns gives identical replies on both stores.
 #[tokio::test]
 async fn redis_and_memory_agree_on_a_random_sequence() {
-    let server = common::RedisServer::start();
-    let redis = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
-    let memory = MemoryStore::new();
+    let stores = EveryStore::start();
+    let (redis, memory) = (&stores.redis, &stores.memory);
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move |n: u64| {
         seed ^= seed << 13;
@@ -268,19 +223,14 @@ async fn redis_and_memory_agree_on_a_random_sequence() {
     for i in 0..600 {
         let (cap, rate, per) = params[usize::try_from(next(5)).expect("idx")];
         let key = format!("tl:{{r:{cap}:{rate}:{per}}}");
+        let params = (cap, rate, per);
         now += next(2_000);
         let call = if next(4) == 0 {
             // Returns and debits alike: −10 to 9 tokens.
-            give(&key, (cap, rate, per), i64::try_from(next(20)).expect("n") - 10, now)
+            give(&key, params, i64::try_from(next(20)).expect("n") - 10, now)
         } else {
-            let min = 1 + i64::try_from(next(u64::try_from(cap).expect("cap"))).expect("min");
-            take(
-                &key,
-                (cap, rate, per),
-                min,
-                min + i64::try_from(next(5)).expect("extra"),
-                now,
-            )
+            let min = 1 + next(cap);
+            take(&key, params, min, min + next(5), now)
         };
         let a = redis.run(&call).await.expect("redis");
         let b = memory.run(&call).await.expect("memory");
@@ -290,18 +240,16 @@ async fn redis_and_memory_agree_on_a_random_sequence() {
 
 #[tokio::test]
 async fn bad_arguments_are_errors_on_both_stores() {
-    let server = common::RedisServer::start();
-    let redis: Arc<dyn Store> = Arc::new(RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store"));
-    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    for store in [redis, memory] {
-        for args in [
-            vec![0, 1, 1000, 1, 1],
-            vec![5, 1, 0, 1, 1],
-            vec![5, 1, 1000, 0, 1],
-            vec![5, 1, 1000, 3, 2],
+    let stores = EveryStore::start();
+    for (name, store) in stores.each() {
+        for (params, min, max) in [
+            ((0, 1, 1000), 1, 1),
+            ((5, 1, 0), 1, 1),
+            ((5, 1, 1000), 0, 1),
+            ((5, 1, 1000), 3, 2),
         ] {
-            let call = Call::new(Script::TokenBucket, vec!["tl:{bad}".into()], args.clone()).at(0);
-            assert!(store.run(&call).await.is_err(), "{args:?} on {store:?}");
+            let call = take("tl:{bad}", params, min, max, 0);
+            assert!(store.run(&call).await.is_err(), "{params:?} {min} {max} on {name}");
         }
     }
 }

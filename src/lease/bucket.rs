@@ -1,10 +1,10 @@
-//! The lease cache: tokens leased in batches from the shared bucket into local buckets, one per hot key.
+//! One key's leased tokens in this process: a [`LocalBucket`].
 //!
 //! A [`LocalBucket`] is what the hot path touches: an atomic count of leased tokens taken with one
 //! compare-and-swap, a deadline, and a cached "exhausted until". Everything slower (the book of leases and
 //! their deadlines, the adaptive batch size) sits behind a mutex that only the lease and expiry paths take.
 //!
-//! Invariant 1 of DESIGN.md §3 rests on the deadlines: a token is spent at most `ttl` after the lease that
+//! Invariant 1 (docs/ARCHITECTURE.md, "Invariants") rests on the deadlines: a token is spent at most `ttl` after the lease that
 //! brought it was *sent*, so over any span W the process admits at most what Redis granted over W + ttl.
 //! Spending is first-in first-out, so what is left always belongs to the newest leases: when a lease's
 //! deadline passes, only the tokens beyond what the younger leases brought are expired and given back.
@@ -17,10 +17,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::algorithm::{Reply, TokenBucket};
+use crate::decision::nanos;
 use crate::rule::Lease;
 
-/// "Never" in a nanosecond timestamp.
-pub(crate) const NEVER_NS: u64 = u64::MAX;
+/// The deadline of no batch: nothing to expire.
+const NO_DEADLINE: u64 = u64::MAX;
 
 /// A batch of tokens and the time by which they must be spent.
 #[derive(Debug, Clone, Copy)]
@@ -37,7 +38,7 @@ struct Book {
     batches: VecDeque<Batch>,
     /// The adaptive batch size, in tokens.
     batch: u64,
-    /// The last lease was refused or partial: ask for a whole batch as `min` (DESIGN.md §3, invariant 4).
+    /// The last lease was refused or partial: ask for a whole batch as `min` (docs/ARCHITECTURE.md, invariant 4).
     saturated: bool,
     /// When the last lease was sent, and how many tokens were there right after it arrived.
     last_lease_ns: u64,
@@ -66,7 +67,7 @@ pub(crate) struct LocalBucket {
     pub lease: Lease,
     /// Tokens that may be spent now.
     available: AtomicU64,
-    /// Earliest deadline of a batch holding tokens; [`NEVER_NS`] when none.
+    /// Earliest deadline of a batch holding tokens; [`NO_DEADLINE`] when none.
     next_deadline_ns: AtomicU64,
     /// The shared bucket said "empty": refuse locally until then.
     exhausted_until_ns: AtomicU64,
@@ -94,11 +95,11 @@ pub(crate) struct LocalBucket {
 
 /// The outcome of the hot path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Local {
+pub(crate) enum Take {
     /// Taken; tokens left in this process.
     Taken { remaining: u64 },
-    /// The shared bucket is empty until `retry_after_ns` from now ([`NEVER_NS`]: never).
-    Exhausted { retry_after_ns: u64 },
+    /// The shared bucket is empty for `retry_after` from now ([`Duration::MAX`]: never).
+    Exhausted { retry_after: Duration },
     /// Too few tokens here: a lease is needed.
     Empty,
 }
@@ -110,7 +111,7 @@ impl LocalBucket {
             bucket,
             lease,
             available: AtomicU64::new(0),
-            next_deadline_ns: AtomicU64::new(NEVER_NS),
+            next_deadline_ns: AtomicU64::new(NO_DEADLINE),
             exhausted_until_ns: AtomicU64::new(0),
             exhausted_never: AtomicBool::new(false),
             failing_until_ns: AtomicU64::new(0),
@@ -145,7 +146,7 @@ impl LocalBucket {
 
     /// The hot path: one compare-and-swap when tokens are there, one or two loads when they are not.
     #[inline]
-    pub(crate) fn try_take(&self, cost: u64, now_ns: u64) -> Local {
+    pub(crate) fn try_take(&self, cost: u64, now_ns: u64) -> Take {
         let mut current = self.available.load(Ordering::Acquire);
         while current >= cost {
             match self
@@ -153,7 +154,7 @@ impl LocalBucket {
                 .compare_exchange_weak(current, current - cost, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    return Local::Taken {
+                    return Take::Taken {
                         remaining: current - cost,
                     }
                 }
@@ -163,10 +164,14 @@ impl LocalBucket {
         let until = self.exhausted_until_ns.load(Ordering::Acquire);
         if now_ns < until {
             let never = self.exhausted_never.load(Ordering::Relaxed);
-            let retry_after_ns = if never { NEVER_NS } else { until - now_ns };
-            return Local::Exhausted { retry_after_ns };
+            let retry_after = if never {
+                Duration::MAX
+            } else {
+                Duration::from_nanos(until - now_ns)
+            };
+            return Take::Exhausted { retry_after };
         }
-        Local::Empty
+        Take::Empty
     }
 
     /// Whether the last lease failed recently: decide by `fail_mode` instead of asking again.
@@ -226,7 +231,7 @@ impl LocalBucket {
         let spent = book.available_after_lease.saturating_sub(available);
         let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
         // Tokens per ttl/2 at the observed rate: a batch should be spent well within its TTL.
-        let horizon_ns = u64::try_from(lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX).max(1);
+        let horizon_ns = (nanos(lease.ttl) / 2).max(1);
         let observed =
             u64::try_from(u128::from(spent) * u128::from(horizon_ns) / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
         book.spend_per_s =
@@ -248,7 +253,7 @@ impl LocalBucket {
     ///
     /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), the
     /// next lease asks for a whole batch as `min` and is not sent before a batch can have accumulated: until
-    /// then, callers that find no local tokens are refused locally (DESIGN.md §3, invariant 4).
+    /// then, callers that find no local tokens are refused locally (docs/ARCHITECTURE.md, invariant 4).
     ///
     /// Returns `false`, adding nothing, when the bucket is retired or the deadline has already passed (a late
     /// reply): the caller gives the grant back.
@@ -302,25 +307,25 @@ impl LocalBucket {
         true
     }
 
-    /// Records a refusal: refuse locally for `retry_after_ns` ([`NEVER_NS`]: re-ask after `recheck_ns`).
-    pub(crate) fn refused(&self, retry_after_ns: u64, recheck_ns: u64, reset_after_ns: u64, now_ns: u64) {
+    /// Records a refusal: refuse locally for `retry_after` ([`Duration::MAX`]: never, re-asked after `recheck`);
+    /// the shared bucket is full again after `reset_after`.
+    pub(crate) fn refused(&self, retry_after: Duration, recheck: Duration, reset_after: Duration, now_ns: u64) {
         let mut book = self.lock();
         book.saturated = true;
         // "Never" is only cached for a while: tokens given back by another process may still come.
-        let never = retry_after_ns == NEVER_NS;
-        let wait = if never { recheck_ns } else { retry_after_ns };
+        let never = retry_after == Duration::MAX;
+        let wait = if never { recheck } else { retry_after };
         self.exhausted_never.store(never, Ordering::Relaxed);
         self.exhausted_until_ns
-            .store(now_ns.saturating_add(wait), Ordering::Release);
+            .store(now_ns.saturating_add(nanos(wait)), Ordering::Release);
         self.full_at_ns
-            .store(now_ns.saturating_add(reset_after_ns), Ordering::Relaxed);
+            .store(now_ns.saturating_add(nanos(reset_after)), Ordering::Relaxed);
     }
 
     /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.
     pub(crate) fn failed(&self, backoff: Duration, now_ns: u64) {
-        let ns = u64::try_from(backoff.as_nanos()).unwrap_or(u64::MAX);
         self.failing_until_ns
-            .store(now_ns.saturating_add(ns), Ordering::Release);
+            .store(now_ns.saturating_add(nanos(backoff)), Ordering::Release);
     }
 
     /// Removes the tokens whose deadline has passed and returns how many, to be given back.
@@ -359,7 +364,7 @@ impl LocalBucket {
         self.retired.store(true, Ordering::Release);
         book.batches.clear();
         book.available_after_lease = 0;
-        self.next_deadline_ns.store(NEVER_NS, Ordering::Release);
+        self.next_deadline_ns.store(NO_DEADLINE, Ordering::Release);
         self.available.swap(0, Ordering::AcqRel)
     }
 
@@ -374,7 +379,7 @@ impl LocalBucket {
     }
 
     fn publish_deadline(&self, book: &Book) {
-        let next = book.batches.front().map_or(NEVER_NS, |b| b.deadline_ns);
+        let next = book.batches.front().map_or(NO_DEADLINE, |b| b.deadline_ns);
         self.next_deadline_ns.store(next, Ordering::Release);
     }
 
@@ -421,7 +426,7 @@ mod tests {
             reset_after_ms: 0,
         };
         assert!(b.add(&grant(10), 200, plan, &bucket, 0));
-        assert_eq!(b.try_take(4, 10), Local::Taken { remaining: 6 });
+        assert_eq!(b.try_take(4, 10), Take::Taken { remaining: 6 });
         assert!(b.add(&grant(10), 300, plan, &bucket, 100));
         assert!(
             !b.add(&grant(10), 150, plan, &bucket, 150),
@@ -431,7 +436,7 @@ mod tests {
         assert_eq!(b.expire(199), 0);
         assert_eq!(b.expire(200), 6);
         assert_eq!(b.available(), 10);
-        assert_eq!(b.try_take(3, 201), Local::Taken { remaining: 7 });
+        assert_eq!(b.try_take(3, 201), Take::Taken { remaining: 7 });
         assert_eq!(b.expire(300), 7);
         assert_eq!(b.available(), 0);
         assert!(!b.has_expired(10_000), "nothing left to expire");
@@ -456,8 +461,9 @@ mod tests {
             lease(),
             0,
         );
-        b.refused(50, 0, 0, 100);
-        assert_eq!(b.try_take(1, 120), Local::Exhausted { retry_after_ns: 30 });
-        assert_eq!(b.try_take(1, 150), Local::Empty);
+        b.refused(Duration::from_nanos(50), Duration::ZERO, Duration::ZERO, 100);
+        let retry_after = Duration::from_nanos(30);
+        assert_eq!(b.try_take(1, 120), Take::Exhausted { retry_after });
+        assert_eq!(b.try_take(1, 150), Take::Empty);
     }
 }

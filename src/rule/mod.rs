@@ -4,6 +4,13 @@ use std::time::Duration;
 
 use crate::algorithm::TokenBucket;
 
+mod validate;
+
+pub(crate) use validate::{
+    check_name, check_sub_buckets, invalid, leaky_params, parse_utc_offset, positive, token_bucket_params,
+    validate_lease, whole_ms, window_params, NO_BAN_WITH_LEASE,
+};
+
 /// What the limiter does when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -28,7 +35,7 @@ impl FailMode {
     }
 }
 
-/// How a token-bucket rule leases batches of tokens into the process (DESIGN.md §2, invariant 1).
+/// How a token-bucket rule leases batches of tokens into the process (docs/ARCHITECTURE.md, invariant 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lease {
     /// Smallest batch asked for, in tokens (≥ 1).
@@ -248,7 +255,7 @@ impl Rule {
     /// [`crate::Error::InvalidArgument`] naming `name`, `limit` or `window` when one is empty, zero, or not a
     /// whole number of milliseconds.
     pub fn sliding_log(name: impl Into<String>, limit: u64, window: Duration) -> Result<Self, crate::Error> {
-        let (limit, window_ms) = window_params(limit, window)?;
+        let (limit, window_ms) = window_params(limit, window).map_err(invalid)?;
         Self::named(
             name,
             Algorithm::SlidingLog {
@@ -265,7 +272,7 @@ impl Rule {
     /// # Errors
     /// As [`Rule::sliding_log`].
     pub fn fixed_window(name: impl Into<String>, limit: u64, window: Duration) -> Result<Self, crate::Error> {
-        let (limit, window_ms) = window_params(limit, window)?;
+        let (limit, window_ms) = window_params(limit, window).map_err(invalid)?;
         Self::named(
             name,
             Algorithm::FixedWindow {
@@ -288,7 +295,7 @@ impl Rule {
         window: Duration,
         utc_offset: &str,
     ) -> Result<Self, crate::Error> {
-        let (limit, window_ms) = window_params(limit, window)?;
+        let (limit, window_ms) = window_params(limit, window).map_err(invalid)?;
         let offset = parse_utc_offset(utc_offset).map_err(invalid)?;
         let w = i64::try_from(window_ms).map_err(|_| invalid(("window", "is too long".into())))?;
         let align_ms = u64::try_from(offset.rem_euclid(w)).unwrap_or(0);
@@ -314,7 +321,7 @@ impl Rule {
         window: Duration,
         sub_buckets: u64,
     ) -> Result<Self, crate::Error> {
-        let (limit, window_ms) = window_params(limit, window)?;
+        let (limit, window_ms) = window_params(limit, window).map_err(invalid)?;
         check_sub_buckets(window_ms, sub_buckets).map_err(invalid)?;
         Self::named(
             name,
@@ -371,7 +378,7 @@ impl Rule {
 
     fn named(name: impl Into<String>, algorithm: Algorithm) -> Result<Self, crate::Error> {
         let name = name.into();
-        check_name(&name).map_err(invalid)?;
+        check_name(&name, "name").map_err(invalid)?;
         Ok(Self {
             name,
             algorithm,
@@ -468,143 +475,6 @@ impl Rule {
             _ => None,
         }
     }
-}
-
-/// Why a leased rule cannot ban.
-pub(crate) const NO_BAN_WITH_LEASE: &str =
-    "a leased rule cannot ban: its refusals are made from leases, not per call (drop `lease` to ban)";
-
-fn invalid((name, reason): (&'static str, String)) -> crate::Error {
-    crate::Error::InvalidArgument { name, reason }
-}
-
-/// A rule name is non-empty and holds no braces (it sits inside the key's hash tag).
-pub(crate) fn check_name(name: &str) -> Result<(), (&'static str, String)> {
-    if name.is_empty() || name.contains(['{', '}']) {
-        return Err(("name", "must be non-empty and hold no `{` or `}`".into()));
-    }
-    Ok(())
-}
-
-fn window_params(limit: u64, window: Duration) -> Result<(u64, u64), crate::Error> {
-    if limit == 0 {
-        return Err(invalid(("limit", "must be at least 1".into())));
-    }
-    Ok((limit, whole_ms(window, "window").map_err(invalid)?))
-}
-
-/// Checks leaky-bucket parameters: `(rate, per_ms, max_wait_ms)`; the error names the field.
-pub(crate) fn leaky_params(
-    rate: u64,
-    per: Duration,
-    max_wait: Duration,
-) -> Result<(u64, u64, u64), (&'static str, String)> {
-    if rate == 0 {
-        return Err(("rate", "must be at least 1".into()));
-    }
-    let per_ms = whole_ms(per, "per")?;
-    let max_wait_ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
-    let exact = |v: u64| v.checked_mul(rate).is_some_and(|x| x < crate::algorithm::MAX_EXACT);
-    if !exact(per_ms) || !exact(max_wait_ms.saturating_add(per_ms)) {
-        return Err(("max_wait", format!("rate × (max_wait + per) must stay below 2^53 (rate {rate}, per {per_ms} ms, max_wait {max_wait_ms} ms)")));
-    }
-    Ok((rate, per_ms, max_wait_ms))
-}
-
-/// Sub-buckets divide the window, 1 to 1000 of them.
-pub(crate) fn check_sub_buckets(window_ms: u64, sub_buckets: u64) -> Result<(), (&'static str, String)> {
-    if sub_buckets == 0 || sub_buckets > 1000 || !window_ms.is_multiple_of(sub_buckets) {
-        return Err((
-            "sub_buckets",
-            format!("must divide the window ({window_ms} ms) and be 1 to 1000"),
-        ));
-    }
-    Ok(())
-}
-
-/// `+08:00`, `-05:30`, `Z` → offset east of UTC in milliseconds.
-pub(crate) fn parse_utc_offset(s: &str) -> Result<i64, (&'static str, String)> {
-    let bad = || {
-        (
-            "utc_offset",
-            format!("`{s}` is not an offset like \"+08:00\" or \"-05:30\""),
-        )
-    };
-    if s == "Z" || s == "UTC" {
-        return Ok(0);
-    }
-    let (sign, rest) = match s.as_bytes().first() {
-        Some(b'+') => (1, &s[1..]),
-        Some(b'-') => (-1, &s[1..]),
-        _ => return Err(bad()),
-    };
-    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
-    if h.len() != 2 || m.len() != 2 {
-        return Err(bad());
-    }
-    let (h, m): (i64, i64) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
-    if !(0..=14).contains(&h) || !(0..=59).contains(&m) {
-        return Err(bad());
-    }
-    Ok(sign * (h * 3_600_000 + m * 60_000))
-}
-
-/// Checks token-bucket parameters; the error names the field.
-pub(crate) fn token_bucket_params(
-    capacity: u64,
-    rate: u64,
-    per: Duration,
-) -> Result<TokenBucket, (&'static str, String)> {
-    if capacity == 0 {
-        return Err(("capacity", "must be at least 1 token".into()));
-    }
-    let per_ms = whole_ms(per, "per")?;
-    let bucket = TokenBucket { capacity, rate, per_ms };
-    if !bucket.is_exact_in_lua() {
-        return Err((
-            "capacity",
-            format!("capacity × per and rate × per must stay below 2^53 token·ms (capacity {capacity}, rate {rate}, per {per_ms} ms)"),
-        ));
-    }
-    Ok(bucket)
-}
-
-/// A duration as whole milliseconds: at least 1, below 2^53 (exact in the scripts); the error names the field.
-pub(crate) fn whole_ms(d: Duration, field: &'static str) -> Result<u64, (&'static str, String)> {
-    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    if ms == 0 || !d.subsec_nanos().is_multiple_of(1_000_000) {
-        return Err((
-            field,
-            format!("must be a whole number of milliseconds, at least 1ms (got {d:?})"),
-        ));
-    }
-    if ms >= crate::algorithm::MAX_EXACT {
-        return Err((field, "is too long".into()));
-    }
-    Ok(ms)
-}
-
-/// Checks lease settings against the bucket's capacity; the error names the field.
-pub(crate) fn validate_lease(lease: &Lease, capacity: u64) -> Result<(), (&'static str, String)> {
-    if lease.min_batch == 0 {
-        return Err(("lease.min_batch", "must be at least 1 token".into()));
-    }
-    if lease.max_batch < lease.min_batch {
-        return Err((
-            "lease.max_batch",
-            format!("must be at least min_batch ({})", lease.min_batch),
-        ));
-    }
-    if lease.max_batch > capacity {
-        return Err((
-            "lease.max_batch",
-            format!("must not exceed the capacity ({capacity} tokens)"),
-        ));
-    }
-    if lease.ttl.is_zero() {
-        return Err(("lease.ttl", "must be longer than zero".into()));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

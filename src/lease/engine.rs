@@ -1,0 +1,359 @@
+//! The lease engine: decides a leased rule's key from its local bucket, leases a batch (one lease in flight per
+//! key per process) when the tokens run low or out, expires tokens past their deadline and gives them back,
+//! and sweeps idle keys out of the map.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::bucket::{LocalBucket, Take};
+use crate::algorithm::TokenBucket;
+use crate::background::Background;
+use crate::clock::Clock;
+use crate::compiled::Compiled;
+use crate::config::ProcessConfig;
+use crate::decision::{from_protocol_ms, nanos, Decision, Source};
+use crate::error::StoreError;
+use crate::fallback::Fallback;
+use crate::rule::{Algorithm, Lease};
+use crate::store::call::{store_key, Call, Members};
+use crate::store::guarded::Guarded;
+use crate::telemetry;
+
+/// How long a "never" from the shared bucket is cached locally before asking again.
+const NEVER_RECHECK: Duration = Duration::from_secs(1);
+
+/// What leasing needs: the store, the fail modes, the clock, and the counters of leased and returned tokens.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) store: Arc<Guarded>,
+    pub(crate) fallback: Arc<Fallback>,
+    pub(crate) background: Arc<Background>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) members: Arc<Members>,
+    pub(crate) key_prefix: String,
+    pub(crate) process: ProcessConfig,
+    pub(crate) leased_tokens: AtomicU64,
+    pub(crate) returned_tokens: AtomicU64,
+}
+
+/// A leased bucket's algorithm without its lease: what the fail mode runs in its stead.
+fn unleased(bucket: &TokenBucket) -> Algorithm {
+    Algorithm::TokenBucket {
+        bucket: *bucket,
+        lease: None,
+        ban_ms: 0,
+    }
+}
+
+impl Engine {
+    /// The hot path: decides from the key's leased tokens or its cached refusal; `None` when a lease (or the
+    /// fail mode) must. The caller has checked that the key's bucket holds no expired tokens.
+    #[inline]
+    pub(crate) fn decide_locally(
+        self: &Arc<Self>,
+        compiled: &Arc<Compiled>,
+        local: &Arc<LocalBucket>,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        let reset_after = Duration::from_nanos(local.reset_after_ns(now));
+        match local.try_take(cost, now) {
+            Take::Taken { remaining } => {
+                if local.below_watermark(remaining) {
+                    self.start_lease(compiled, local, 1);
+                }
+                Some(Decision {
+                    allowed: true,
+                    remaining,
+                    retry_after: Duration::ZERO,
+                    reset_after,
+                    source: Source::Local,
+                    shadowed: false,
+                })
+            }
+            Take::Exhausted { retry_after } => Some(Decision {
+                allowed: false,
+                remaining: local.available(),
+                retry_after,
+                reset_after,
+                source: Source::Local,
+                shadowed: false,
+            }),
+            Take::Empty => None,
+        }
+    }
+
+    /// The key's local bucket, made when missing.
+    fn local_bucket(&self, compiled: &Compiled, bucket: &TokenBucket, lease: &Lease, key: &str) -> Arc<LocalBucket> {
+        if let Some(b) = compiled.leases.get(key) {
+            return b.clone();
+        }
+        let now = self.clock.now_ns();
+        let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
+        compiled
+            .leases
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(LocalBucket::new(store_key, *bucket, *lease, now)))
+            .clone()
+    }
+
+    /// Decides `cost` tokens of a leased rule's `key`: from the local bucket, or after the key's lease in flight
+    /// (started here when none is), or by the fail mode when the lease fails. A caller waits at most the lease
+    /// wait; when leases keep arriving but other callers spend them first, it is refused briefly, locally.
+    pub(crate) async fn check(
+        self: &Arc<Self>,
+        compiled: &Arc<Compiled>,
+        bucket: &TokenBucket,
+        lease: &Lease,
+        key: &str,
+        cost: u64,
+    ) -> Decision {
+        let clock = &self.clock;
+        let timeouts = self.store.timeouts;
+        let give_up_at = clock.now_ns().saturating_add(nanos(timeouts.lease_wait));
+        let mut local = self.local_bucket(compiled, bucket, lease, key);
+        loop {
+            if local.is_retired() {
+                // Evicted or reloaded under us: go on with the key's current bucket (a new one if none).
+                local = self.local_bucket(compiled, bucket, lease, key);
+                if local.is_retired() || self.background.is_closed() {
+                    let error = StoreError::timeout("token_bucket", Duration::ZERO);
+                    return self.fall_back(compiled, bucket, &local, cost, &error);
+                }
+            }
+            let now = clock.now_ns();
+            if local.has_expired(now) {
+                self.expire(compiled, &local, now);
+            }
+            if let Some(decision) = self.decide_locally(compiled, &local, cost, now) {
+                return decision;
+            }
+            if local.is_failing(now) {
+                let error = StoreError::timeout("token_bucket", timeouts.lease_wait);
+                return self.fall_back(compiled, bucket, &local, cost, &error);
+            }
+            if now >= give_up_at {
+                // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
+                let mut refused = Decision::bare(false, Duration::from_millis(1), Source::Local);
+                refused.reset_after = Duration::from_nanos(local.reset_after_ns(now));
+                return refused;
+            }
+            local.mark_starved();
+            let notified = local.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if local.available() >= cost {
+                continue;
+            }
+            if !local.lease_in_flight() && !self.start_lease(compiled, &local, cost) {
+                if self.background.is_closed() {
+                    return Decision::bare(false, Duration::ZERO, Source::Local);
+                }
+                continue;
+            }
+            let wait = Duration::from_nanos(give_up_at.saturating_sub(now));
+            if tokio::time::timeout(wait, notified).await.is_err() {
+                // The store is slow: the next callers decide by fail_mode at once while the lease goes on.
+                local.failed(timeouts.backoff, clock.now_ns());
+                let error = StoreError::timeout("token_bucket", timeouts.lease_wait);
+                return self.fall_back(compiled, bucket, &local, cost, &error);
+            }
+        }
+    }
+
+    fn fall_back(
+        &self,
+        compiled: &Compiled,
+        bucket: &TokenBucket,
+        local: &LocalBucket,
+        cost: u64,
+        error: &StoreError,
+    ) -> Decision {
+        let name = &compiled.rule.name;
+        let algorithm = unleased(bucket);
+        let (mode, members) = (compiled.fail_mode, &self.members);
+        self.fallback
+            .decide(mode, name, &algorithm, &local.store_key, cost, members, error)
+    }
+
+    /// Starts the key's lease in the background unless one is in flight; `false` when one already is, the
+    /// bucket is retired or the limiter is shut down.
+    pub(crate) fn start_lease(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, cost: u64) -> bool {
+        if self.background.is_closed() || !local.claim_lease() {
+            return false;
+        }
+        let this = self.clone();
+        let (compiled, local) = (compiled.clone(), local.clone());
+        // A spawned task, so that a caller dropping its future never strands tokens granted mid-call.
+        self.background
+            .spawn(async move { this.lease(&compiled, &local, cost).await });
+        true
+    }
+
+    async fn lease(&self, compiled: &Compiled, local: &LocalBucket, cost: u64) {
+        /// Releases the key's lease slot however the lease ends (a cancelled task, a panicking store).
+        struct Finish<'a>(&'a LocalBucket);
+        impl Drop for Finish<'_> {
+            fn drop(&mut self) {
+                self.0.finish_lease();
+            }
+        }
+        let _finish = Finish(local);
+        let (bucket, lease) = (&local.bucket, &local.lease);
+        let clock = &self.clock;
+        let sent = clock.now_ns();
+        // At most half of this process's share of the burst at once, so the others get theirs.
+        let fair_share = bucket.capacity / (2 * self.fallback.processes());
+        let plan = local.plan(lease, fair_share, cost, sent);
+        // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
+        // timed out after Redis granted it would strand its tokens.
+        let call = Call::take(&local.store_key, *bucket, plan.min, plan.max).with_timeout(self.store.timeouts.lease);
+        let result = self.store.run(&call).await;
+        let answered = result.is_ok();
+        let now = clock.now_ns();
+        tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, "lease");
+        let m = &compiled.metrics;
+        match result {
+            Ok(reply) if reply.granted > 0 => {
+                if reply.granted < plan.max {
+                    m.lease_partial.increment(1);
+                } else {
+                    m.lease_granted.increment(1);
+                }
+                m.leased_tokens.increment(reply.granted);
+                self.leased_tokens.fetch_add(reply.granted, Ordering::Relaxed);
+                // The deadline counts from when the lease was sent: never later than the grant.
+                let deadline = sent.saturating_add(nanos(lease.ttl));
+                if self.background.is_closed() || !local.add(&reply, deadline, plan, bucket, now) {
+                    // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
+                    self.give_back(compiled, local, reply.granted).await;
+                }
+            }
+            Ok(reply) => {
+                m.lease_refused.increment(1);
+                local.refused(
+                    from_protocol_ms(reply.retry_after_ms),
+                    NEVER_RECHECK,
+                    from_protocol_ms(reply.reset_after_ms),
+                    now,
+                );
+            }
+            Err(error) => {
+                m.lease_error.increment(1);
+                tracing::debug!(rule = %compiled.rule.name, %error, "lease failed");
+                local.failed(self.store.timeouts.backoff, now);
+            }
+        }
+        if answered {
+            // Still holding the key's lease slot: its next lease waits for the debit.
+            self.fallback.settle_after_answer(&local.store_key).await;
+        }
+    }
+
+    /// Expires the key's overdue tokens and gives them back in the background.
+    fn expire(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, now: u64) {
+        let n = local.expire(now);
+        if n > 0 {
+            let this = self.clone();
+            let (compiled, local) = (compiled.clone(), local.clone());
+            self.background
+                .spawn(async move { this.give_back(&compiled, &local, n).await });
+        }
+    }
+
+    /// Gives `n` unused tokens back to the shared bucket (capped at its capacity by the script).
+    pub(crate) async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, n: u64) {
+        let tokens = i64::try_from(n).unwrap_or(i64::MAX);
+        let call = Call::give_back(&local.store_key, local.bucket, tokens);
+        match self.store.run(&call).await {
+            Ok(_) => {
+                compiled.metrics.returned_tokens.increment(n);
+                self.returned_tokens.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(error) => {
+                tracing::debug!(rule = %compiled.rule.name, %error, tokens = n, "return failed; tokens lost")
+            }
+        }
+    }
+
+    /// Takes every token of a local bucket and gives them back in the background.
+    fn drain_in_background(self: &Arc<Self>, compiled: &Arc<Compiled>, local: Arc<LocalBucket>) {
+        let tokens = local.drain();
+        if tokens > 0 {
+            let (this, compiled) = (self.clone(), compiled.clone());
+            self.background
+                .spawn(async move { this.give_back(&compiled, &local, tokens).await });
+        }
+    }
+
+    /// Gives every leased token of a rule that is no longer in force back to the shared bucket.
+    pub(crate) fn retire(self: &Arc<Self>, compiled: &Arc<Compiled>) {
+        for entry in compiled.leases.iter() {
+            self.drain_in_background(compiled, entry.value().clone());
+        }
+        compiled.leases.clear();
+    }
+
+    /// One pass of the sweeper over these rules: expire overdue leases, evict idle keys, update the gauges.
+    pub(crate) fn sweep(self: &Arc<Self>, rules: &[Arc<Compiled>]) {
+        let now = self.clock.now_ns();
+        let idle_ns = nanos(self.process.idle_ttl);
+        let mut keys = 0;
+        for compiled in rules {
+            if compiled.rule.lease().is_none() {
+                continue;
+            }
+            let mut outstanding = 0;
+            for entry in compiled.leases.iter() {
+                if entry.has_expired(now) {
+                    self.expire(compiled, entry.value(), now);
+                }
+                outstanding += entry.available();
+            }
+            compiled.leases.retain(|_, b| {
+                let idle = now.saturating_sub(b.last_used_ns.load(Ordering::Relaxed)) >= idle_ns;
+                !(idle && b.available() == 0 && !b.lease_in_flight())
+            });
+            let over = compiled.leases.len().saturating_sub(self.process.max_local_keys);
+            if over > 0 {
+                self.evict_idlest(compiled, over);
+            }
+            keys += compiled.leases.len();
+            compiled.metrics.outstanding.set(outstanding as f64);
+        }
+        telemetry::local_keys(keys);
+    }
+
+    /// Evicts the `n` least recently leased keys of a rule, giving their tokens back.
+    fn evict_idlest(self: &Arc<Self>, compiled: &Arc<Compiled>, n: usize) {
+        // A key with a lease in flight stays: the lease would add tokens to a bucket no longer in the map.
+        let mut ages: Vec<(u64, String)> = compiled
+            .leases
+            .iter()
+            .filter(|e| !e.lease_in_flight())
+            .map(|e| (e.last_used_ns.load(Ordering::Relaxed), e.key().clone()))
+            .collect();
+        ages.sort_unstable();
+        for (_, key) in ages.into_iter().take(n) {
+            if let Some((_, local)) = compiled.leases.remove_if(&key, |_, b| !b.lease_in_flight()) {
+                self.drain_in_background(compiled, local);
+            }
+        }
+    }
+
+    /// Takes every leased token of these rules, for shutdown: `(rule, bucket, tokens)` to give back.
+    pub(crate) fn drain(rules: &[Arc<Compiled>]) -> Vec<(Arc<Compiled>, Arc<LocalBucket>, u64)> {
+        let mut drained = Vec::new();
+        for compiled in rules {
+            for entry in compiled.leases.iter() {
+                let tokens = entry.drain();
+                if tokens > 0 {
+                    drained.push((compiled.clone(), entry.value().clone(), tokens));
+                }
+            }
+            compiled.leases.clear();
+        }
+        drained
+    }
+}

@@ -1,0 +1,8 @@
+//! Leasing: tokens leased in batches from the shared bucket into local buckets, one per hot key, so a hot key
+//! is decided in process and the store sees one call per batch.
+//!
+//! `bucket.rs` is one key's leased tokens (the hot path); `engine.rs` decides from them, leases, expires, gives
+//! back, sweeps and evicts.
+
+pub(crate) mod bucket;
+pub(crate) mod engine;

@@ -1,0 +1,229 @@
+//! Building a [`Limiter`]: in code with [`LimiterBuilder`], or from a validated [`Config`].
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+
+use super::{lifecycle, Inner, Limiter, RuleMap};
+use crate::background::Background;
+use crate::clock::{Clock, MonotonicClock};
+use crate::compiled::Compiled;
+use crate::config::{self, Config, ProcessConfig, RedisConfig};
+use crate::error::Error;
+use crate::fallback::Fallback;
+use crate::lease::engine::Engine;
+use crate::queue::Queue;
+use crate::rule::{self, FailMode, Rule};
+use crate::store::call::Members;
+use crate::store::guarded::{Guarded, Timeouts};
+use crate::store::{MemoryStore, RedisStore, Store};
+use crate::telemetry;
+
+/// Builds a [`Limiter`] in code.
+#[derive(Debug, Default)]
+pub struct LimiterBuilder {
+    rules: Vec<Rule>,
+    store: Option<Arc<dyn Store>>,
+    clock: Option<Arc<dyn Clock>>,
+    fail_mode: FailMode,
+    key_prefix: Option<String>,
+    expected_processes: Option<u32>,
+    timeout: Option<Duration>,
+    process: ProcessConfig,
+    redis: Option<RedisConfig>,
+}
+
+impl LimiterBuilder {
+    /// Adds a rule.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Adds rules.
+    pub fn rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+
+    /// The store (default: a [`MemoryStore`] on the builder's clock).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The clock of lease deadlines and local refusals (default: the monotonic clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// What to do when the store fails, for rules that do not say (default `local`: each process enforces its
+    /// local share).
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// Prefix of every store key (default `tl`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Processes sharing the limits (default 4): caps lease batches at `capacity / n` and sets each process's
+    /// local share under `fail_mode = "local"`.
+    pub fn expected_processes(mut self, n: u32) -> Self {
+        self.expected_processes = Some(n);
+        self
+    }
+
+    /// The store's call timeout, which bounds how long a caller waits on a lease (default 50 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Settings of this process (`[process]` in config.toml): the longest key accepted, and how many keys hold
+    /// leased tokens and for how long when idle.
+    pub fn process(mut self, process: ProcessConfig) -> Self {
+        self.process = process;
+        self
+    }
+
+    /// Builds the limiter and, inside a tokio runtime, starts its background sweeper (lease expiry, idle
+    /// eviction), which stops when the limiter is shut down or dropped.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for duplicate rule names, an empty or braced key prefix, zero expected
+    /// processes, or process settings out of range (`max_key_bytes` outside 1 to 1 MiB, zero `max_local_keys`
+    /// or `idle_ttl`).
+    pub fn build(self) -> Result<Limiter, Error> {
+        let clock = self.clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let store = self
+            .store
+            .unwrap_or_else(|| Arc::new(MemoryStore::with_clock(clock.clone())));
+        let key_prefix = self.key_prefix.unwrap_or_else(|| config::DEFAULT_KEY_PREFIX.into());
+        config::check_key_prefix(&key_prefix).map_err(rule::invalid)?;
+        let processes = self.expected_processes.unwrap_or(config::DEFAULT_EXPECTED_PROCESSES);
+        config::check_expected_processes(processes).map_err(rule::invalid)?;
+        self.process.validate().map_err(rule::invalid)?;
+        let timeout = self.timeout.unwrap_or(config::DEFAULT_TIMEOUT);
+        let rules = compile_all(self.rules, self.fail_mode)?;
+
+        let background = Arc::new(Background::default());
+        let store = Arc::new(Guarded::new(store, clock.clone(), Timeouts::from_call(timeout)));
+        let shares = MemoryStore::with_clock(clock.clone());
+        let processes = u64::from(processes);
+        let fallback = Fallback::new(
+            store.clone(),
+            background.clone(),
+            shares,
+            processes,
+            self.process.max_local_keys,
+        );
+        let fallback = Arc::new(fallback);
+        let members = Arc::new(Members::new());
+        let queue = Queue {
+            store: store.clone(),
+            fallback: fallback.clone(),
+            members: members.clone(),
+            background: background.clone(),
+            key_prefix: key_prefix.clone(),
+        };
+        let engine = Arc::new(Engine {
+            store,
+            fallback,
+            background,
+            clock,
+            members,
+            key_prefix,
+            process: self.process,
+            leased_tokens: AtomicU64::new(0),
+            returned_tokens: AtomicU64::new(0),
+        });
+        let inner = Arc::new(Inner {
+            rules: ArcSwap::from_pointee(rules),
+            adhoc: DashMap::default(),
+            default_fail_mode: self.fail_mode,
+            redis: self.redis,
+            engine,
+            queue,
+        });
+        // Registered at 0 now, so a scrape shows it before the first sweep.
+        telemetry::local_keys(0);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(lifecycle::sweeper(Arc::downgrade(&inner)));
+        }
+        Ok(Limiter { inner })
+    }
+}
+
+/// Compiles rules by name.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming `rule` for a duplicate name.
+pub(super) fn compile_all(rules: Vec<Rule>, default_mode: FailMode) -> Result<RuleMap, Error> {
+    compile_keeping(rules, default_mode, &RuleMap::default())
+}
+
+/// Compiles rules by name, keeping the compiled rule of `old` (and its leases) for a rule that did not change.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming `rule` for a duplicate name.
+pub(super) fn compile_keeping(rules: Vec<Rule>, default_mode: FailMode, old: &RuleMap) -> Result<RuleMap, Error> {
+    let mut map = RuleMap::default();
+    for rule in rules {
+        if map.contains_key(&rule.name) {
+            return Err(rule::invalid(("rule", format!("duplicate rule name `{}`", rule.name))));
+        }
+        let mode = rule.fail_mode.unwrap_or(default_mode);
+        let kept = old
+            .get(&rule.name)
+            .filter(|c| c.rule == rule && c.fail_mode == mode)
+            .cloned();
+        let compiled = kept.unwrap_or_else(|| Arc::new(Compiled::new(rule, default_mode)));
+        map.insert(compiled.rule.name.clone(), compiled);
+    }
+    Ok(map)
+}
+
+impl Limiter {
+    /// A builder for limiters made in code.
+    pub fn builder() -> LimiterBuilder {
+        LimiterBuilder::default()
+    }
+
+    /// A limiter from a validated [`Config`]: a [`RedisStore`] when `[redis]` is set (connected lazily, so
+    /// Redis may be down at start), the in-process store otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when called outside a tokio runtime with `[redis]` set, or the Redis URL is
+    /// malformed; see also [`LimiterBuilder::build`].
+    pub fn from_config(config: Config) -> Result<Self, Error> {
+        let mut builder = Self::builder()
+            .rules(config.rules)
+            .fail_mode(config.fail_mode)
+            .process(config.process);
+        if let Some(redis) = config.redis {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Err(rule::invalid(("runtime", "a Redis store needs a tokio runtime".into())));
+            }
+            let store = if redis.cluster.is_empty() {
+                RedisStore::connect(&redis.url, redis.timeout)?
+            } else {
+                RedisStore::connect_cluster(&redis.cluster, redis.timeout)?
+            };
+            builder = builder
+                .store(Arc::new(store))
+                .key_prefix(redis.key_prefix.clone())
+                .expected_processes(redis.expected_processes)
+                .timeout(redis.timeout);
+            builder.redis = Some(redis);
+        }
+        builder.build()
+    }
+}

@@ -1,0 +1,66 @@
+//! The limiter's life after building: the sweeper that expires leases and evicts idle keys, and shutdown,
+//! which gives every leased token back and charges what the local share admitted alone.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{Inner, Limiter};
+use crate::lease::engine::Engine;
+
+/// How often the sweeper runs: a quarter of the shortest lease TTL, 5 ms to 1 s.
+fn sweep_interval(inner: &Inner) -> Duration {
+    let rules = inner.rules.load();
+    let shortest = rules.values().filter_map(|c| c.rule.lease()).map(|l| l.ttl / 4).min();
+    shortest
+        .unwrap_or(Duration::from_secs(1))
+        .clamp(Duration::from_millis(5), Duration::from_secs(1))
+}
+
+/// Gives expired leases back and evicts idle keys, every quarter of the shortest lease TTL (5 ms to 1 s), until
+/// the limiter is shut down or gone.
+pub(super) async fn sweeper(inner: Weak<Inner>) {
+    loop {
+        // Recomputed each round: a reload may bring shorter lease TTLs.
+        let Some((interval, background)) = inner
+            .upgrade()
+            .map(|i| (sweep_interval(&i), i.engine.background.clone()))
+        else {
+            return;
+        };
+        tokio::select! {
+            _ = background.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        drop(background);
+        let Some(inner) = inner.upgrade() else { return };
+        Limiter { inner }.sweep();
+    }
+}
+
+impl Limiter {
+    /// One pass of the sweeper: expire overdue leases, evict idle keys, forget settled debits, update gauges.
+    fn sweep(&self) {
+        self.inner.engine.sweep(&self.all_compiled());
+        self.inner.engine.fallback.sweep();
+    }
+
+    /// Stops the limiter: later calls get [`crate::Error::ShutDown`]; leases in flight finish; every leased
+    /// token not spent is given back to the shared bucket, and what `fail_mode = "local"` admitted alone and is
+    /// not charged yet is charged to it, before this returns.
+    pub async fn shutdown(&self) {
+        let engine = &self.inner.engine;
+        engine.background.close().await;
+        let mut returns = tokio::task::JoinSet::new();
+        for (compiled, local, tokens) in Engine::drain(&self.all_compiled()) {
+            let engine = engine.clone();
+            returns.spawn(async move { engine.give_back(&compiled, &local, tokens).await });
+        }
+        // What the local share admitted alone and is not charged yet is charged now, so a restart right after an
+        // outage is no second burst either (a debit that fails now is lost with the process).
+        for (store_key, bucket) in engine.fallback.drain() {
+            let fallback = Arc::clone(&engine.fallback);
+            returns.spawn(async move { fallback.settle(store_key, bucket).await });
+        }
+        while returns.join_next().await.is_some() {}
+    }
+}

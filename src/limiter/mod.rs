@@ -1,0 +1,386 @@
+//! The [`Limiter`]: one facade over the rules, the lease engine, the store, the fail modes and the queues.
+//!
+//! `check` borrows its rule from the current snapshot and, for a leased rule, answers from the key's local
+//! bucket (`lease/engine.rs`); other rules run one store call (`store/guarded.rs`), decided by the rule's
+//! `fail_mode` when the store fails (`fallback.rs`). `acquire` waits in a queue (`queue.rs`). Building, reloading
+//! and shutting down live beside this file.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+
+use crate::compiled::Compiled;
+use crate::config::RedisConfig;
+use crate::decision::{Decision, Permit, Source};
+use crate::error::{Error, StoreError};
+use crate::lease::engine::Engine;
+use crate::queue::Queue;
+use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
+use crate::store::call::{store_key, Call};
+
+mod builder;
+mod lifecycle;
+mod reload;
+
+pub use builder::LimiterBuilder;
+
+/// Rules built in code that are compiled once and kept; beyond this many, each call compiles its rule.
+const MAX_ADHOC_RULES: usize = 1024;
+
+/// Rules by name.
+type RuleMap = HashMap<String, Arc<Compiled>, foldhash::fast::RandomState>;
+
+/// Counters of one limiter, in calls and tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimiterStats {
+    /// Store calls: leases, returns and direct checks.
+    pub store_calls: u64,
+    /// Tokens leased from the shared buckets.
+    pub leased_tokens: u64,
+    /// Leased tokens given back unused.
+    pub returned_tokens: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    rules: ArcSwap<RuleMap>,
+    /// Rules built in code and passed to [`Limiter::check_rule`], compiled once.
+    adhoc: DashMap<Rule, Arc<Compiled>, foldhash::fast::RandomState>,
+    default_fail_mode: FailMode,
+    /// The `[redis]` section the store was built from (`from_config`); a reload may not change it.
+    redis: Option<RedisConfig>,
+    engine: Arc<Engine>,
+    queue: Queue,
+}
+
+/// A distributed rate limiter: rules from config or code, decided by a [`crate::Store`] (Redis or in process),
+/// with hot keys decided in process from leased tokens. Cheap to clone; clones share everything.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tokenlease::Error> {
+/// use std::time::Duration;
+/// use tokenlease::{Lease, Limiter, Rule};
+///
+/// let rule = Rule::token_bucket("sku_buy", 2000, 1000, Duration::from_secs(1))?
+///     .with_lease(Lease { min_batch: 10, max_batch: 500, ttl: Duration::from_millis(200) })?;
+/// let limiter = Limiter::builder().rule(rule).build()?; // no store given: the in-process store
+/// let decision = limiter.check("sku_buy", "sku:42", 1).await?;
+/// assert!(decision.allowed);
+/// limiter.shutdown().await; // gives leased tokens back
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl Limiter {
+    /// Takes `cost` tokens of `key` under `rule`.
+    ///
+    /// A leasing rule answers from this process's leased tokens when it has them (tens of nanoseconds), from
+    /// its cached "exhausted until" when the shared bucket is empty, and otherwise waits for the key's single
+    /// lease in flight. Other rules run one store call. When the store fails, the rule's `fail_mode` decides
+    /// (`source == Fallback`).
+    ///
+    /// # Errors
+    /// [`Error::UnknownRule`]; [`Error::InvalidArgument`] for an empty key, a key over `max_key_bytes` bytes or
+    /// a zero cost; [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
+    /// [`Limiter::shutdown`].
+    pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
+        let engine = &self.inner.engine;
+        if engine.background.is_closed() {
+            return Err(Error::ShutDown);
+        }
+        // The hot path borrows the rule and the key's local bucket: no reference count is touched, so threads
+        // deciding on one hot key share only the bucket's token count and the map shard's read lock.
+        let compiled = {
+            let rules = self.inner.rules.load();
+            let compiled = rules.get(rule).ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+            self.validate(compiled, key, cost)?;
+            if compiled.rule.lease().is_some() {
+                if let Some(local) = compiled.leases.get(key) {
+                    let now = engine.clock.now_ns();
+                    if !local.has_expired(now) {
+                        if let Some(decision) = engine.decide_locally(compiled, local.value(), cost, now) {
+                            return Ok(compiled.record(decision));
+                        }
+                    }
+                }
+            }
+            compiled.clone()
+        };
+        self.decide(&compiled, key, cost).await
+    }
+
+    async fn decide(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Decision, Error> {
+        let decision = match compiled.rule.algorithm_for(key) {
+            Algorithm::TokenBucket {
+                bucket,
+                lease: Some(lease),
+                ..
+            } => self.inner.engine.check(compiled, bucket, lease, key, cost).await,
+            algorithm => self.check_store(compiled, algorithm, key, cost).await,
+        };
+        Ok(compiled.record(decision))
+    }
+
+    /// One store call deciding `cost` tokens of `key` (a leaky bucket answers whether a slot is free now: a
+    /// check never waits); the rule's fail mode decides when the store fails.
+    async fn check_store(&self, compiled: &Compiled, algorithm: &Algorithm, key: &str, cost: u64) -> Decision {
+        let engine = &self.inner.engine;
+        let store_key = store_key(&engine.key_prefix, &compiled.rule.name, key);
+        let call = Call::check(algorithm, &store_key, cost, 1, &engine.members);
+        match engine.store.run(&call).await {
+            Ok(reply) => {
+                engine.fallback.settle_after_answer(&store_key).await;
+                Decision::from_reply(&reply, cost, engine.store.source())
+            }
+            Err(e) => {
+                let (mode, name) = (compiled.fail_mode, &compiled.rule.name);
+                engine
+                    .fallback
+                    .decide(mode, name, algorithm, &store_key, cost, &engine.members, &e)
+            }
+        }
+    }
+
+    /// Like [`Limiter::check`], for a rule built in code rather than configured (compiled once and cached by
+    /// its value; keys are `{prefix}:{rule.name:key}` as for configured rules).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// use tokenlease::{Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder().build()?;
+    /// // A community site's comment limit: at most 10 comments in any 30 s.
+    /// let comment = Rule::sliding_log("comment", 10, Duration::from_secs(30))?;
+    /// for _ in 0..10 {
+    ///     assert!(limiter.check_rule(&comment, "user:7", 1).await?.allowed);
+    /// }
+    /// assert!(!limiter.check_rule(&comment, "user:7", 1).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Limiter::check`], but never [`Error::UnknownRule`].
+    pub async fn check_rule(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
+        if self.inner.engine.background.is_closed() {
+            return Err(Error::ShutDown);
+        }
+        let compiled = match self.inner.adhoc.get(rule) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Arc::new(Compiled::new(rule.clone(), self.inner.default_fail_mode));
+                if self.inner.adhoc.len() < MAX_ADHOC_RULES {
+                    self.inner.adhoc.insert(rule.clone(), c.clone());
+                }
+                c
+            }
+        };
+        self.validate(&compiled, key, cost)?;
+        self.decide(&compiled, key, cost).await
+    }
+
+    /// The convenience API of a blog post on Redis rate limiting: whether `user_id` may do `action_key` once
+    /// more, allowing at most `max_count` actions in any `period` (a sliding-window log, exact; no config entry
+    /// needed). Keys are `{prefix}:{action_key:user_id}`; refused attempts are not recorded.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// let limiter = tokenlease::Limiter::builder().build()?;
+    /// for _ in 0..5 {
+    ///     assert!(limiter.is_action_allowed("laoqian", "reply", Duration::from_secs(60), 5).await?);
+    /// }
+    /// assert!(!limiter.is_action_allowed("laoqian", "reply", Duration::from_secs(60), 5).await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `user_id`, `action_key`, `period` or `max_count` when one is empty or
+    /// zero; [`Error::ShutDown`].
+    pub async fn is_action_allowed(
+        &self,
+        user_id: &str,
+        action_key: &str,
+        period: Duration,
+        max_count: u64,
+    ) -> Result<bool, Error> {
+        if user_id.is_empty() {
+            return Err(rule::invalid(("user_id", "must not be empty".into())));
+        }
+        rule::check_name(action_key, "action_key").map_err(rule::invalid)?;
+        let max_count = rule::positive(max_count, "max_count").map_err(rule::invalid)?;
+        rule::whole_ms(period, "period").map_err(rule::invalid)?;
+        let rule = Rule::sliding_log(action_key, max_count, period)?;
+        Ok(self.check_rule(&rule, user_id, 1).await?.allowed)
+    }
+
+    /// Waits for a slot of the leaky-bucket rule `rule` for `cost` tokens of `key`: all processes together
+    /// leak at the rule's rate (one Redis call per job, `lua/leaky_bucket.lua`), callers of this process are
+    /// served first-in first-out. On a token-bucket rule it waits for the tokens instead, Guava-style
+    /// ("consume now, pay later", `lua/token_acquire.lua`): a caller not behind a debt takes its tokens at once
+    /// and the next caller waits for the debt; the wait is bounded by the time to refill the whole capacity. A
+    /// call whose wait would exceed the rule's `max_wait` is refused at once with [`Error::QueueFull`] (its
+    /// `retry_after` says when a call would fit): nobody waits only to fail.
+    ///
+    /// Dropping the future while it waits gives up its place. A slot already reserved in Redis is handed back
+    /// (`lua/leaky_return.lua`) when it is still the last one reserved; otherwise it leaks unused, since moving
+    /// it would move every caller queued behind it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// use tokenlease::{Limiter, Rule};
+    ///
+    /// let reindex = Rule::leaky_bucket("reindex", 50, Duration::from_secs(1), Duration::from_secs(30))?;
+    /// let limiter = Limiter::builder().rule(reindex).build()?;
+    /// let permit = limiter.acquire("reindex", "tenant:7", 1).await?;
+    /// assert!(permit.waited < Duration::from_millis(100));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`]; [`Error::UnknownRule`]; [`Error::InvalidArgument`] for a rule that is neither a
+    /// leaky nor a token bucket, an empty or oversized key, a zero cost; [`Error::CostAboveCapacity`] for a cost
+    /// above the rule's rate; [`Error::Store`] when the store fails and the rule's `fail_mode` is `closed`.
+    pub async fn acquire(&self, rule: &str, key: &str, cost: u64) -> Result<Permit, Error> {
+        self.acquire_within(rule, key, cost, None).await
+    }
+
+    /// [`Limiter::acquire`] waiting at most `max` (and at most the rule's `max_wait`).
+    ///
+    /// # Errors
+    /// As [`Limiter::acquire`].
+    pub async fn acquire_timeout(&self, rule: &str, key: &str, cost: u64, max: Duration) -> Result<Permit, Error> {
+        self.acquire_within(rule, key, cost, Some(max)).await
+    }
+
+    /// [`Limiter::acquire`] that never waits: a permit when a slot is free now, `None` otherwise (nothing is
+    /// reserved then).
+    ///
+    /// # Errors
+    /// As [`Limiter::acquire`], except [`Error::QueueFull`].
+    pub async fn try_acquire(&self, rule: &str, key: &str, cost: u64) -> Result<Option<Permit>, Error> {
+        match self.acquire_within(rule, key, cost, Some(Duration::ZERO)).await {
+            Ok(permit) => Ok(Some(permit)),
+            Err(Error::QueueFull { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn acquire_within(&self, rule: &str, key: &str, cost: u64, max: Option<Duration>) -> Result<Permit, Error> {
+        if self.inner.engine.background.is_closed() {
+            return Err(Error::ShutDown);
+        }
+        let compiled = self
+            .inner
+            .rules
+            .load()
+            .get(rule)
+            .cloned()
+            .ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+        self.validate(&compiled, key, cost)?;
+        self.inner.queue.acquire(&compiled, key, cost, max).await
+    }
+
+    /// Checks a call's key and cost against the process settings and the rule.
+    fn validate(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<(), Error> {
+        if key.is_empty() {
+            return Err(rule::invalid(("key", "must not be empty".into())));
+        }
+        let max = self.inner.engine.process.max_key_bytes;
+        if key.len() > max {
+            let reason = format!("is {} bytes, more than the {max} allowed", key.len());
+            return Err(rule::invalid(("key", reason)));
+        }
+        if cost == 0 {
+            return Err(rule::invalid(("cost", "must be at least 1 token".into())));
+        }
+        let capacity = compiled.rule.algorithm_for(key).capacity();
+        if cost > capacity {
+            return Err(Error::CostAboveCapacity {
+                rule: compiled.rule.name.clone(),
+                cost,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one
+    /// key in one Redis Cluster slot.
+    pub fn store_key(&self, rule: &str, key: &str) -> String {
+        store_key(&self.inner.engine.key_prefix, rule, key)
+    }
+
+    /// Whether `rule` is in shadow mode ([`Rule::shadow`]); false for an unknown rule.
+    pub fn is_shadow(&self, rule: &str) -> bool {
+        self.inner.rules.load().get(rule).is_some_and(|c| c.rule.shadow)
+    }
+
+    /// The quota `rule` gives `key` (its override's when one matches), for the HTTP `RateLimit-Policy` header;
+    /// `None` for an unknown rule.
+    pub fn quota(&self, rule: &str, key: &str) -> Option<Quota> {
+        self.inner
+            .rules
+            .load()
+            .get(rule)
+            .map(|c| c.rule.algorithm_for(key).quota())
+    }
+
+    /// Store calls made so far by this limiter (leases, returns and direct checks).
+    pub fn store_calls(&self) -> u64 {
+        self.inner.engine.store.calls()
+    }
+
+    /// Counters of this limiter since it was built (also exported as metrics).
+    pub fn stats(&self) -> LimiterStats {
+        let engine = &self.inner.engine;
+        LimiterStats {
+            store_calls: engine.store.calls(),
+            leased_tokens: engine.leased_tokens.load(Ordering::Relaxed),
+            returned_tokens: engine.returned_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The store's `source` label.
+    pub fn store_source(&self) -> Source {
+        self.inner.engine.store.source()
+    }
+
+    /// Keys holding leased tokens in this process.
+    pub fn local_keys(&self) -> usize {
+        self.inner.rules.load().values().map(|c| c.leases.len()).sum()
+    }
+
+    /// Whether the store answers now.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.engine.store.ping().await
+    }
+
+    /// Whether the circuit breaker in front of the store is open: calls are decided by `fail_mode` without
+    /// reaching the store until a probe succeeds.
+    pub fn circuit_open(&self) -> bool {
+        self.inner.engine.store.circuit_open()
+    }
+
+    /// Every compiled rule: configured and built in code.
+    fn all_compiled(&self) -> Vec<Arc<Compiled>> {
+        let mut all: Vec<_> = self.inner.rules.load().values().cloned().collect();
+        all.extend(self.inner.adhoc.iter().map(|e| e.value().clone()));
+        all
+    }
+}

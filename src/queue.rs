@@ -1,0 +1,173 @@
+//! Waiting for a slot: [`crate::Limiter::acquire`]. A leaky-bucket rule keeps one schedule for all processes
+//! (`lua/leaky_bucket.lua`, GCRA's theoretical arrival time); a token-bucket rule takes its tokens now and lets
+//! the next caller wait for the debt (Guava's SmoothBursty "consume now, pay later", `lua/token_acquire.lua`).
+//! Callers of one process reserve in the order they came; a caller that gives up hands its slot back.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Reply;
+use crate::background::Background;
+use crate::compiled::Compiled;
+use crate::decision::{from_protocol_ms, Permit, Source};
+use crate::error::Error;
+use crate::fallback::Fallback;
+use crate::rule::{Algorithm, FailMode};
+use crate::store::call::{store_key, Call, Members};
+use crate::store::guarded::Guarded;
+
+/// What queueing needs: the store, the local shares for `fail_mode = "local"`, unique members, background tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct Queue {
+    pub(crate) store: Arc<Guarded>,
+    pub(crate) fallback: Arc<Fallback>,
+    pub(crate) members: Arc<Members>,
+    pub(crate) background: Arc<Background>,
+    pub(crate) key_prefix: String,
+}
+
+/// Counts a caller in its rule's queue depth while it lives.
+struct Waiting<'a>(&'a Compiled);
+
+impl<'a> Waiting<'a> {
+    fn new(compiled: &'a Compiled) -> Self {
+        let n = compiled.waiting.fetch_add(1, Ordering::Relaxed) + 1;
+        compiled.metrics.queue_depth.set(n as f64);
+        Self(compiled)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let n = self.0.waiting.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.0.metrics.queue_depth.set(n as f64);
+    }
+}
+
+/// A slot reserved in the store whose caller may still give up; dropped unfinished, it hands the slot back.
+struct Reserved<'a> {
+    queue: &'a Queue,
+    call: &'a Call,
+    source: Source,
+    done: bool,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let Some(back) = self.call.undo() else { return };
+        let (store, fallback) = (self.queue.store.clone(), self.queue.fallback.clone());
+        let local = self.source == Source::Fallback;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.queue.background.spawn(async move {
+                let result = if local {
+                    fallback.run_local(&back)
+                } else {
+                    store.run(&back).await
+                };
+                if let Err(error) = result {
+                    tracing::debug!(%error, "could not hand a queue slot back");
+                }
+            });
+        }
+    }
+}
+
+impl Queue {
+    /// Waits for `cost` tokens of `key` under `compiled`, at most `max` (and at most the rule's bound). The
+    /// caller has validated the key and the cost.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when the wait would exceed the bound; [`Error::InvalidArgument`] for a rule that is
+    /// neither a leaky nor a token bucket; [`Error::Store`] when the store fails under `fail_mode = "closed"`.
+    pub(crate) async fn acquire(
+        &self,
+        compiled: &Compiled,
+        key: &str,
+        cost: u64,
+        max: Option<Duration>,
+    ) -> Result<Permit, Error> {
+        let rule = &compiled.rule.name;
+        let algorithm = compiled.rule.algorithm_for(key).clone();
+        // The rule's bound on the wait: a leaky bucket's max_wait; for a token bucket, the time to refill its
+        // whole capacity (a caller never waits behind more than one full burst of debt).
+        let rule_max_ms = match &algorithm {
+            Algorithm::LeakyBucket { max_wait_ms, .. } => *max_wait_ms,
+            Algorithm::TokenBucket { bucket, .. } if bucket.rate > 0 => {
+                bucket.capacity.saturating_mul(bucket.per_ms).div_ceil(bucket.rate)
+            }
+            _ => 0, // refused below: there is no reservation for it
+        };
+        let max_wait_ms = max.map_or(rule_max_ms, |m| {
+            u64::try_from(m.as_millis()).unwrap_or(u64::MAX).min(rule_max_ms)
+        });
+        let store_key = store_key(&self.key_prefix, rule, key);
+        let members = &self.members;
+        let call = Call::reservation(&algorithm, &store_key, cost, max_wait_ms, 1, members).ok_or_else(|| {
+            Error::InvalidArgument {
+                name: "rule",
+                reason: format!(
+                    "acquire needs a leaky_bucket or token_bucket rule; `{rule}` is {}",
+                    algorithm.name()
+                ),
+            }
+        })?;
+        let started = tokio::time::Instant::now();
+        let line = compiled.queues.entry(key.to_owned()).or_default().clone();
+        let waiting = Waiting::new(compiled);
+        // First in, first out: reservations of this process's callers are made in the order they came.
+        let turn = line.lock().await;
+        let mut call = call;
+        let (reply, source) = match self.store.run(&call).await {
+            Ok(reply) => (reply, self.store.source()),
+            Err(error) => match compiled.fail_mode {
+                FailMode::Open => (
+                    Reply {
+                        granted: cost,
+                        remaining: 0,
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                    },
+                    Source::Fallback,
+                ),
+                FailMode::Closed => return Err(Error::Store(error)),
+                FailMode::Local => {
+                    let share = self.fallback.processes();
+                    // The reservation is made (and handed back, if dropped) in this process's local share.
+                    call = Call::reservation(&algorithm, &store_key, cost, max_wait_ms, share, members).ok_or(error)?;
+                    (self.fallback.run_local(&call)?, Source::Fallback)
+                }
+            },
+        };
+        drop(turn);
+        drop(line);
+        compiled.queues.remove_if(key, |_, q| Arc::strong_count(q) == 1);
+        if reply.granted < cost {
+            return Err(Error::QueueFull {
+                rule: rule.to_owned(),
+                max_wait: Duration::from_millis(max_wait_ms),
+                retry_after: from_protocol_ms(reply.retry_after_ms),
+            });
+        }
+        let wait = from_protocol_ms(reply.retry_after_ms);
+        if !wait.is_zero() {
+            // Dropped while sleeping: hand the slot back if nobody queued behind it.
+            let mut reserved = Reserved {
+                queue: self,
+                call: &call,
+                source,
+                done: false,
+            };
+            tokio::time::sleep(wait).await;
+            reserved.done = true;
+        }
+        drop(waiting);
+        let waited = started.elapsed();
+        compiled.metrics.queue_wait.record(waited.as_secs_f64());
+        compiled.metrics.decision(true, source);
+        Ok(Permit { waited, cost, source })
+    }
+}

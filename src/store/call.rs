@@ -1,0 +1,569 @@
+//! Typed store calls: one constructor per script of `lua/`, and the only place where a call becomes the
+//! script's `KEYS` and `ARGV` (as redis-rs's `ScriptInvocation` builds an invocation) and where store keys are
+//! built. The in-process store matches on the same types, so neither side decodes positions.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::algorithm::{LeakyBucket, TokenBucket};
+use crate::rule::Algorithm;
+
+/// The scripts of `lua/`, one per algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Script {
+    TokenBucket,
+    TokenReturn,
+    SlidingLog,
+    FixedWindow,
+    SlidingWindow,
+    LeakyBucket,
+    LeakyReturn,
+    TokenAcquire,
+}
+
+impl Script {
+    /// Every script, in declaration order (the index of its hash and of its metric handles).
+    pub(crate) const ALL: [Script; 8] = [
+        Self::TokenBucket,
+        Self::TokenReturn,
+        Self::SlidingLog,
+        Self::FixedWindow,
+        Self::SlidingWindow,
+        Self::LeakyBucket,
+        Self::LeakyReturn,
+        Self::TokenAcquire,
+    ];
+
+    /// The script's name: its file name without `.lua`, and the `script` metric label.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::TokenBucket => "token_bucket",
+            Self::TokenReturn => "token_return",
+            Self::SlidingLog => "sliding_log",
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingWindow => "sliding_window",
+            Self::LeakyBucket => "leaky_bucket",
+            Self::LeakyReturn => "leaky_return",
+            Self::TokenAcquire => "token_acquire",
+        }
+    }
+
+    /// The script's source text.
+    pub(crate) fn source(self) -> &'static str {
+        match self {
+            Self::TokenBucket => include_str!("../../lua/token_bucket.lua"),
+            Self::TokenReturn => include_str!("../../lua/token_return.lua"),
+            Self::SlidingLog => include_str!("../../lua/sliding_log.lua"),
+            Self::FixedWindow => include_str!("../../lua/fixed_window.lua"),
+            Self::SlidingWindow => include_str!("../../lua/sliding_window.lua"),
+            Self::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
+            Self::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
+            Self::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
+        }
+    }
+}
+
+/// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `token_bucket.lua`: take between `min` and `max` tokens (all that is there up to `max`, when at least
+    /// `min` is). With `ban_ms > 0` the call carries the ban key and bans the key after a refusal.
+    TokenBucket {
+        bucket: TokenBucket,
+        min: u64,
+        max: u64,
+        ban_ms: u64,
+    },
+    /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`.
+    TokenReturn { bucket: TokenBucket, tokens: i64 },
+    /// `token_acquire.lua`: take `cost` now, into debt, when the wait for the debt fits in `max_wait_ms`.
+    TokenAcquire {
+        bucket: TokenBucket,
+        cost: u64,
+        max_wait_ms: u64,
+    },
+    /// `sliding_log.lua`: `cost` tokens against `limit` per `window_ms`; `member` is unique per call.
+    SlidingLog {
+        window_ms: u64,
+        limit: u64,
+        cost: u64,
+        member: String,
+        ban_ms: u64,
+    },
+    /// `fixed_window.lua`: `align_ms` `None` rolls (the first hit opens the window), `Some` aligns calendar
+    /// windows where `now_ms + align_ms` is a multiple of `window_ms`.
+    FixedWindow {
+        window_ms: u64,
+        limit: u64,
+        cost: u64,
+        ban_ms: u64,
+        align_ms: Option<u64>,
+    },
+    /// `sliding_window.lua`: `limit` per `window_ms`, counted in `sub_buckets` sub-buckets.
+    SlidingWindow {
+        window_ms: u64,
+        sub_buckets: u64,
+        limit: u64,
+        cost: u64,
+        ban_ms: u64,
+    },
+    /// `leaky_bucket.lua`: reserve the next slot for `cost` tokens when the wait fits in `max_wait_ms`.
+    LeakyBucket {
+        queue: LeakyBucket,
+        cost: u64,
+        max_wait_ms: u64,
+        member: String,
+    },
+    /// `leaky_return.lua`: hand the reservation `member` back while nobody queued behind it.
+    LeakyReturn {
+        queue: LeakyBucket,
+        cost: u64,
+        member: String,
+    },
+}
+
+/// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The store key, `{prefix}:{rule:key}` (see [`store_key`]).
+    pub(crate) key: String,
+    pub(crate) op: Op,
+    /// The optional trailing `now_ms`: `None` lets the store read its own clock (Redis `TIME`).
+    pub(crate) now_ms: Option<u64>,
+    /// A timeout for this call instead of the store's own.
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// An argument of a script, in `ARGV` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arg<'a> {
+    Int(i64),
+    Str(&'a str),
+}
+
+/// Unique members of sliding-log and leaky-bucket calls: `{prefix}-{n}`, the prefix telling apart processes
+/// and limiters of one process.
+#[derive(Debug)]
+pub(crate) struct Members {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Members {
+    /// Members for this process: the prefix is its id and the wall clock's nanoseconds now (a restarted
+    /// process with the same id gets another).
+    pub(crate) fn new() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            prefix: format!("{:x}.{seed:x}", std::process::id()),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// The next member.
+    pub(crate) fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.prefix)
+    }
+}
+
+/// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one key in
+/// one Redis Cluster slot.
+pub(crate) fn store_key(prefix: &str, rule: &str, key: &str) -> String {
+    format!("{prefix}:{{{rule}:{key}}}")
+}
+
+fn int(v: u64) -> Arg<'static> {
+    Arg::Int(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+impl Call {
+    fn new(key: impl Into<String>, op: Op) -> Self {
+        Self {
+            key: key.into(),
+            op,
+            now_ms: None,
+            timeout: None,
+        }
+    }
+
+    /// `token_bucket.lua`: take between `min` and `max` tokens.
+    pub(crate) fn take(key: impl Into<String>, bucket: TokenBucket, min: u64, max: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenBucket {
+                bucket,
+                min,
+                max,
+                ban_ms: 0,
+            },
+        )
+    }
+
+    /// `token_bucket.lua` with its ban key: take `cost` tokens, ban for `ban_ms` after a refusal.
+    pub(crate) fn take_or_ban(key: impl Into<String>, bucket: TokenBucket, cost: u64, ban_ms: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenBucket {
+                bucket,
+                min: cost,
+                max: cost,
+                ban_ms,
+            },
+        )
+    }
+
+    /// `token_return.lua`: `tokens` back to the bucket, or a debit of `-tokens` when negative.
+    pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: i64) -> Self {
+        Self::new(key, Op::TokenReturn { bucket, tokens })
+    }
+
+    /// `token_acquire.lua`: take `cost` now and pay later, when the wait fits in `max_wait_ms`.
+    pub(crate) fn acquire(key: impl Into<String>, bucket: TokenBucket, cost: u64, max_wait_ms: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenAcquire {
+                bucket,
+                cost,
+                max_wait_ms,
+            },
+        )
+    }
+
+    /// `sliding_log.lua`.
+    pub(crate) fn sliding_log(
+        key: impl Into<String>,
+        (window_ms, limit): (u64, u64),
+        cost: u64,
+        ban_ms: u64,
+        member: impl Into<String>,
+    ) -> Self {
+        let member = member.into();
+        Self::new(
+            key,
+            Op::SlidingLog {
+                window_ms,
+                limit,
+                cost,
+                member,
+                ban_ms,
+            },
+        )
+    }
+
+    /// `fixed_window.lua`.
+    pub(crate) fn fixed_window(
+        key: impl Into<String>,
+        (window_ms, limit): (u64, u64),
+        cost: u64,
+        ban_ms: u64,
+        align_ms: Option<u64>,
+    ) -> Self {
+        Self::new(
+            key,
+            Op::FixedWindow {
+                window_ms,
+                limit,
+                cost,
+                ban_ms,
+                align_ms,
+            },
+        )
+    }
+
+    /// `sliding_window.lua`.
+    pub(crate) fn sliding_window(
+        key: impl Into<String>,
+        (window_ms, limit): (u64, u64),
+        sub_buckets: u64,
+        cost: u64,
+        ban_ms: u64,
+    ) -> Self {
+        Self::new(
+            key,
+            Op::SlidingWindow {
+                window_ms,
+                sub_buckets,
+                limit,
+                cost,
+                ban_ms,
+            },
+        )
+    }
+
+    /// `leaky_bucket.lua`: reserve a slot.
+    pub(crate) fn reserve(
+        key: impl Into<String>,
+        queue: LeakyBucket,
+        cost: u64,
+        max_wait_ms: u64,
+        member: impl Into<String>,
+    ) -> Self {
+        let member = member.into();
+        Self::new(
+            key,
+            Op::LeakyBucket {
+                queue,
+                cost,
+                max_wait_ms,
+                member,
+            },
+        )
+    }
+
+    /// `leaky_return.lua`: hand a reservation back.
+    pub(crate) fn release(key: impl Into<String>, queue: LeakyBucket, cost: u64, member: impl Into<String>) -> Self {
+        let member = member.into();
+        Self::new(key, Op::LeakyReturn { queue, cost, member })
+    }
+
+    /// The call deciding `cost` tokens of `key` under `algorithm` at once (a leaky bucket answers whether a
+    /// slot is free now), with the limits divided by `share`: 1 for the shared limits, the expected processes
+    /// for `fail_mode = "local"`'s local share.
+    pub(crate) fn check(algorithm: &Algorithm, key: &str, cost: u64, share: u64, members: &Members) -> Self {
+        let part = |limit: u64| (limit / share.max(1)).max(1);
+        match algorithm {
+            Algorithm::TokenBucket { bucket, ban_ms, .. } => Self::take_or_ban(key, bucket.share(share), cost, *ban_ms),
+            Algorithm::SlidingLog {
+                limit,
+                window_ms,
+                ban_ms,
+            } => Self::sliding_log(key, (*window_ms, part(*limit)), cost, *ban_ms, members.next()),
+            Algorithm::FixedWindow {
+                limit,
+                window_ms,
+                align_ms,
+                ban_ms,
+            } => Self::fixed_window(key, (*window_ms, part(*limit)), cost, *ban_ms, *align_ms),
+            Algorithm::SlidingWindow {
+                limit,
+                window_ms,
+                sub_buckets,
+                ban_ms,
+            } => Self::sliding_window(key, (*window_ms, part(*limit)), *sub_buckets, cost, *ban_ms),
+            Algorithm::LeakyBucket { rate, per_ms, .. } => {
+                let queue = LeakyBucket {
+                    rate: *rate,
+                    per_ms: per_ms.saturating_mul(share.max(1)),
+                };
+                Self::reserve(key, queue, cost, 0, members.next())
+            }
+        }
+    }
+
+    /// The call reserving `cost` tokens for an `acquire` whose wait is bounded by `max_wait_ms`, with the limits
+    /// divided by `share` as in [`Call::check`]; `None` for a rule that is neither a leaky nor a token bucket.
+    pub(crate) fn reservation(
+        algorithm: &Algorithm,
+        key: &str,
+        cost: u64,
+        max_wait_ms: u64,
+        share: u64,
+        members: &Members,
+    ) -> Option<Self> {
+        match algorithm {
+            Algorithm::TokenBucket { bucket, .. } => Some(Self::acquire(key, bucket.share(share), cost, max_wait_ms)),
+            Algorithm::LeakyBucket { rate, per_ms, .. } => {
+                let queue = LeakyBucket {
+                    rate: *rate,
+                    per_ms: per_ms.saturating_mul(share.max(1)),
+                };
+                Some(Self::reserve(key, queue, cost, max_wait_ms, members.next()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The call handing back what this reservation took: its tokens to the bucket (the debt shrinks for whoever
+    /// comes next), or its slot to the queue while nobody queued behind it. `None` for other calls.
+    pub(crate) fn undo(&self) -> Option<Self> {
+        match &self.op {
+            Op::TokenAcquire { bucket, cost, .. } => {
+                let tokens = i64::try_from(*cost).unwrap_or(i64::MAX);
+                Some(Self::give_back(self.key.clone(), *bucket, tokens))
+            }
+            Op::LeakyBucket {
+                queue, cost, member, ..
+            } => Some(Self::release(self.key.clone(), *queue, *cost, member.clone())),
+            _ => None,
+        }
+    }
+
+    /// The same call replayed at `now_ms` (tests).
+    #[cfg(test)]
+    pub(crate) fn at(mut self, now_ms: u64) -> Self {
+        self.now_ms = Some(now_ms);
+        self
+    }
+
+    /// The same call with its own timeout.
+    pub(crate) fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The script this call runs.
+    pub(crate) fn script(&self) -> Script {
+        match self.op {
+            Op::TokenBucket { .. } => Script::TokenBucket,
+            Op::TokenReturn { .. } => Script::TokenReturn,
+            Op::TokenAcquire { .. } => Script::TokenAcquire,
+            Op::SlidingLog { .. } => Script::SlidingLog,
+            Op::FixedWindow { .. } => Script::FixedWindow,
+            Op::SlidingWindow { .. } => Script::SlidingWindow,
+            Op::LeakyBucket { .. } => Script::LeakyBucket,
+            Op::LeakyReturn { .. } => Script::LeakyReturn,
+        }
+    }
+
+    /// The ban key beside the decided key (same hash tag).
+    pub(crate) fn ban_key(&self) -> String {
+        format!("{}:ban", self.key)
+    }
+
+    /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        let banned = match &self.op {
+            Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
+            Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } => true,
+            Op::TokenReturn { .. } | Op::TokenAcquire { .. } | Op::LeakyBucket { .. } | Op::LeakyReturn { .. } => false,
+        };
+        if banned {
+            vec![self.key.clone(), self.ban_key()]
+        } else {
+            vec![self.key.clone()]
+        }
+    }
+
+    /// `ARGV`, in the script's order (see each script's header), with the trailing `now_ms` when set.
+    pub(crate) fn args(&self) -> Vec<Arg<'_>> {
+        let bucket = |b: &TokenBucket| [int(b.capacity), int(b.rate), int(b.per_ms)];
+        let mut args: Vec<Arg<'_>> = match &self.op {
+            Op::TokenBucket {
+                bucket: b,
+                min,
+                max,
+                ban_ms,
+            } => {
+                let mut v = bucket(b).to_vec();
+                v.extend([int(*min), int(*max)]);
+                if *ban_ms > 0 {
+                    v.push(int(*ban_ms));
+                }
+                v
+            }
+            Op::TokenReturn { bucket: b, tokens } => {
+                let mut v = bucket(b).to_vec();
+                v.push(Arg::Int(*tokens));
+                v
+            }
+            Op::TokenAcquire {
+                bucket: b,
+                cost,
+                max_wait_ms,
+            } => {
+                let mut v = bucket(b).to_vec();
+                v.extend([int(*cost), int(*max_wait_ms)]);
+                v
+            }
+            Op::SlidingLog {
+                window_ms,
+                limit,
+                cost,
+                member,
+                ban_ms,
+            } => vec![int(*window_ms), int(*limit), int(*cost), Arg::Str(member), int(*ban_ms)],
+            Op::FixedWindow {
+                window_ms,
+                limit,
+                cost,
+                ban_ms,
+                align_ms,
+            } => vec![
+                int(*window_ms),
+                int(*limit),
+                int(*cost),
+                int(*ban_ms),
+                align_ms.map_or(Arg::Int(-1), int),
+            ],
+            Op::SlidingWindow {
+                window_ms,
+                sub_buckets,
+                limit,
+                cost,
+                ban_ms,
+            } => vec![
+                int(*window_ms),
+                int(*sub_buckets),
+                int(*limit),
+                int(*cost),
+                int(*ban_ms),
+            ],
+            Op::LeakyBucket {
+                queue,
+                cost,
+                max_wait_ms,
+                member,
+            } => vec![
+                int(queue.rate),
+                int(queue.per_ms),
+                int(*cost),
+                int(*max_wait_ms),
+                Arg::Str(member),
+            ],
+            Op::LeakyReturn { queue, cost, member } => {
+                vec![int(queue.rate), int(queue.per_ms), int(*cost), Arg::Str(member)]
+            }
+        };
+        if let Some(now) = self.now_ms {
+            args.push(int(now));
+        }
+        args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_argv_follow_the_script_headers() {
+        let b = TokenBucket {
+            capacity: 10,
+            rate: 1,
+            per_ms: 1_000,
+        };
+        let take = Call::take("tl:{r:k}", b, 2, 5).at(7);
+        assert_eq!(take.keys(), ["tl:{r:k}"]);
+        let ints = [10, 1, 1_000, 2, 5, 7].map(Arg::Int);
+        assert_eq!(take.args(), ints);
+        let banned = Call::take_or_ban("tl:{r:k}", b, 1, 60_000);
+        assert_eq!(banned.keys(), ["tl:{r:k}", "tl:{r:k}:ban"]);
+        assert_eq!(banned.args(), [10, 1, 1_000, 1, 1, 60_000].map(Arg::Int));
+        let log = Call::sliding_log("tl:{l:u}", (60_000, 5), 1, 0, "m-1");
+        assert_eq!(
+            log.args(),
+            [Arg::Int(60_000), Arg::Int(5), Arg::Int(1), Arg::Str("m-1"), Arg::Int(0)]
+        );
+        let rolling = Call::fixed_window("tl:{f:u}", (1_000, 3), 1, 0, None);
+        assert_eq!(rolling.args().last(), Some(&Arg::Int(-1)));
+        let queue = LeakyBucket { rate: 5, per_ms: 1_000 };
+        let reserve = Call::reserve("tl:{q:j}", queue, 1, 30_000, "m-2");
+        assert_eq!(
+            reserve.args(),
+            [
+                Arg::Int(5),
+                Arg::Int(1_000),
+                Arg::Int(1),
+                Arg::Int(30_000),
+                Arg::Str("m-2")
+            ]
+        );
+        let release = Call::release("tl:{q:j}", queue, 1, "m-2");
+        assert_eq!(release.args()[3], Arg::Str("m-2"));
+        assert_eq!(Call::give_back("tl:{r:k}", b, -3).args()[3], Arg::Int(-3));
+        assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");
+    }
+}

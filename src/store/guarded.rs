@@ -1,0 +1,110 @@
+//! The store as the limiter calls it: every call counted, refused at once while the circuit breaker is open,
+//! and bounded by the limiter's timeouts. The Redis latency and error metrics are recorded by the Redis store
+//! itself, where the script and the error kind are known.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::breaker::{Admit, Breaker};
+use super::{Call, Store};
+use crate::algorithm::Reply;
+use crate::clock::Clock;
+use crate::decision::Source;
+use crate::error::{StoreError, StoreErrorKind};
+
+/// Transient store failures in a row that open the circuit breaker (it then stays open for 500 ms or the
+/// timeout, whichever is longer, and lets one probe through).
+const BREAKER_FAILURES: u32 = 5;
+
+/// How long callers and leases wait for the store, all derived from the configured call timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// A direct check's call (the configured `[redis] timeout`, enforced by the store).
+    pub call: Duration,
+    /// How long a caller waits for its key's lease in flight: two call timeouts and 5 ms.
+    pub lease_wait: Duration,
+    /// The timeout of a lease or a debit call itself: ten call timeouts, at least 100 ms. Longer than callers
+    /// wait, since a lease that timed out after Redis granted it would strand its tokens.
+    pub lease: Duration,
+    /// After a failed store call, a key is decided by `fail_mode` this long before the store is asked again.
+    pub backoff: Duration,
+}
+
+impl Timeouts {
+    /// The timeouts that follow from a store call timeout.
+    pub(crate) fn from_call(call: Duration) -> Self {
+        Self {
+            call,
+            lease_wait: call.saturating_mul(2).saturating_add(Duration::from_millis(5)),
+            lease: call.saturating_mul(10).max(Duration::from_millis(100)),
+            backoff: Duration::from_millis(100).max(call),
+        }
+    }
+}
+
+/// A store behind a circuit breaker, with a count of its calls.
+#[derive(Debug)]
+pub(crate) struct Guarded {
+    store: Arc<dyn Store>,
+    breaker: Breaker,
+    clock: Arc<dyn Clock>,
+    calls: AtomicU64,
+    pub(crate) timeouts: Timeouts,
+}
+
+impl Guarded {
+    /// Guards `store`; the breaker reads `clock`.
+    pub(crate) fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, timeouts: Timeouts) -> Self {
+        Self {
+            store,
+            breaker: Breaker::new(BREAKER_FAILURES, Duration::from_millis(500).max(timeouts.call)),
+            clock,
+            calls: AtomicU64::new(0),
+            timeouts,
+        }
+    }
+
+    /// Runs a call unless the breaker is open.
+    ///
+    /// # Errors
+    /// The store's error, or one of kind `Other` when the breaker is open (the store was not called).
+    pub(crate) async fn run(&self, call: &Call) -> Result<Reply, StoreError> {
+        if self.breaker.admit(self.clock.now_ns()) == Admit::No {
+            return Err(StoreError {
+                kind: StoreErrorKind::Other,
+                script: call.script().name(),
+                message: "circuit open: the store failed repeatedly; not called".into(),
+                source: None,
+            });
+        }
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let result = self.store.run(call).await;
+        self.breaker
+            .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
+        result
+    }
+
+    /// Calls made so far (leases, returns, debits and direct checks).
+    pub(crate) fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// The `source` label of the store's decisions.
+    pub(crate) fn source(&self) -> Source {
+        self.store.source()
+    }
+
+    /// Whether the store answers now.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        self.store.ping().await
+    }
+
+    /// Whether the breaker is open (or half-open) now.
+    pub(crate) fn circuit_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+}

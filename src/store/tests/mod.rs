@@ -1,0 +1,10 @@
+//! Store tests that need the crate's internals (typed calls, replies): every table of exact `now_ms` cases
+//! runs against both stores through one harness. They start their own `redis-server`, with the helper the
+//! integration tests use.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+mod harness;
+mod queue;
+mod token_bucket;
+mod windows;
