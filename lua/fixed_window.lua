@@ -1,6 +1,7 @@
 -- fixed_window.lua — fixed window counter: at most `limit` tokens per window; rolling or calendar-aligned.
--- Seeds 001/002/004 (INCR + EXPIRE) and 003 (a daily quota reset at midnight), with the window start kept as a
--- timestamp so replays with now_ms work, and a ban after a breach.
+-- The per-user INCR + EXPIRE counter of community sites (posts, comments, likes per window) and a daily upload
+-- quota reset at local midnight, with the window start kept as a timestamp so replays with now_ms work, and a
+-- ban after a breach (a 'like' limit that refuses the user for an hour once exceeded).
 --
 -- KEYS[1]  the counter (a hash: start = ms the window opened, count = tokens granted in it)
 -- KEYS[2]  the ban (a string: ms until which the key is banned)
@@ -13,29 +14,38 @@
 -- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
+--   granted         tokens: cost or 0
+--   remaining       tokens still grantable in the window after this call
 --   retry_after_ms  0 when granted; else ms until the window ends (the ban's rest when banned); -1 when cost > limit
 --   reset_after_ms  ms until the window ends (0 when no window is open)
--- Mirrors src/algorithm/fixed_window.rs.
+-- Mirrors FixedWindow in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
+
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
 
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local ban_ms = tonumber(ARGV[4])
 local align = tonumber(ARGV[5])
-local now = tonumber(ARGV[6])
+local now_arg = 6
 if not (window and limit and cost and ban_ms and align) or window < 1 or limit < 1 or cost < 1 or ban_ms < 0 or align < -1 then
   return redis.error_reply('ERR fixed_window: bad arguments (window_ms, limit, cost, ban_ms, align_ms)')
 end
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 end
-local function int(x) return string.format('%.0f', x) end
 
 local state = redis.call('HMGET', KEYS[1], 'start', 'count')
 local start, count = tonumber(state[1]), tonumber(state[2]) or 0
 if align >= 0 then
-  local s = math.floor((now + align) / window) * window - align
+  local s = idiv(now + align, window) * window - align
   if start ~= s then start, count = s, 0 end
 elseif start == nil or now >= start + window or now < start then
   start, count = now, 0

@@ -1,6 +1,6 @@
 -- leaky_bucket.lua — a leaky-bucket queue (GCRA): callers reserve the next slot of a shared schedule that leaks
 -- `rate` tokens every `per_ms`, and wait for it; a call whose wait would exceed max_wait_ms is refused.
--- Seed 004: the leaky bucket paces blocking background jobs. One call per job, shared by every process.
+-- It paces blocking background jobs (e.g. a reindex at 20 per second): one call per job, shared by every process.
 --
 -- KEYS[1]  the queue (a hash: the theoretical arrival time TAT = tat_ms + tat_frac / rate ms, kept exactly so
 --          that rates above 1000 per second pace right; rate = the rate tat_frac was counted in; tail = the member
@@ -19,23 +19,24 @@
 --   reset_after_ms  until the queue is empty (the TAT)
 -- Mirrors src/algorithm/leaky_bucket.rs.
 
-local function idiv(a, b)
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
-local function cdiv(a, b) return idiv(a + b - 1, b) end
-local function int(x) return string.format('%.0f', x) end
+local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
 
 local rate = tonumber(ARGV[1])
 local per = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local max_wait = tonumber(ARGV[4])
 local member = ARGV[5]
-local now = tonumber(ARGV[6])
+local now_arg = 6
 if not (rate and per and cost and max_wait and member) or rate < 1 or per < 1 or cost < 1 or max_wait < 0 then
   return redis.error_reply('ERR leaky_bucket: bad arguments (rate, per_ms, cost, max_wait_ms)')
 end
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)

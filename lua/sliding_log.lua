@@ -1,5 +1,6 @@
 -- sliding_log.lua — sliding-window log: at most `limit` tokens granted in any window (now − window_ms, now].
--- Seeds 000/001/002, done atomically: refused attempts are not recorded, members are unique even within one
+-- The per-user ZSET log of community sites (e.g. reply at most 5 times in any 60 s; no boundary burst, unlike
+-- INCR + EXPIRE), done atomically: refused attempts are not recorded, members are unique even within one
 -- millisecond, and the log of a cold user expires after the window.
 --
 -- KEYS[1]  the log (a ZSET: member = a unique id per granted token, score = ms of the grant)
@@ -17,22 +18,29 @@
 --   retry_after_ms  0 when granted; else ms until enough grants have left the window (the ban's rest when
 --                   banned); -1 when cost > limit
 --   reset_after_ms  ms until every grant has left the window
--- Mirrors src/algorithm/sliding_log.rs.
+-- Mirrors SlidingLog in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
+
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
 
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local member = ARGV[4]
 local ban_ms = tonumber(ARGV[5])
-local now = tonumber(ARGV[6])
+local now_arg = 6
 if not (window and limit and cost and member and ban_ms) or window < 1 or limit < 1 or cost < 1 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_log: bad arguments (window_ms, limit, cost, member, ban_ms)')
 end
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 end
-local function int(x) return string.format('%.0f', x) end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now - window))
 local count = redis.call('ZCARD', KEYS[1])

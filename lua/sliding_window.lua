@@ -1,4 +1,4 @@
--- sliding_window.lua — sliding-window counter of sub-buckets (seed 004: 60 s as 6 × 10 s): at most `limit`
+-- sliding_window.lua — sliding-window counter of sub-buckets (e.g. 60 s as 6 × 10 s): at most `limit`
 -- tokens in the last `sub_buckets` sub-buckets (the current one included). Memory O(sub_buckets) per key.
 -- Approximate: the counted span is between (N − 1) and N sub-buckets long, so a grant is forgotten up to one
 -- sub-bucket early (see the README for the bound against the exact log).
@@ -13,28 +13,37 @@
 -- ARGV[6]  now_ms       optional; when absent the Redis server's TIME is used
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
+--   granted         tokens: cost or 0
+--   remaining       tokens still grantable in the window after this call
 --   retry_after_ms  0 when granted; else ms until enough sub-buckets have left (the ban's rest when banned);
 --                   -1 when cost > limit
 --   reset_after_ms  ms until every counted sub-bucket has left
--- Mirrors src/algorithm/sliding_window.rs.
+-- Mirrors SlidingWindow in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
+
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
 
 local window = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local ban_ms = tonumber(ARGV[5])
-local now = tonumber(ARGV[6])
+local now_arg = 6
 if not (window and n and limit and cost and ban_ms) or n < 1 or window < n or window % n ~= 0 or limit < 1 or cost < 1 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_window: bad arguments (window_ms, sub_buckets, limit, cost, ban_ms)')
 end
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 end
-local function int(x) return string.format('%.0f', x) end
 
 local sub = window / n
-local cur = math.floor(now / sub)
+local cur = idiv(now, sub)
 -- Live sub-buckets (index > cur − n), oldest first; older fields are deleted.
 local live, count = {}, 0
 local fields = redis.call('HGETALL', KEYS[1])

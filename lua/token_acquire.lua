@@ -1,5 +1,5 @@
 -- token_acquire.lua — a token bucket for callers that wait instead of being refused, with Guava's "consume now,
--- pay later" (SmoothBursty; seed 004 §2.2): a caller not behind a debt takes its tokens at once, even more than
+-- pay later" (its SmoothBursty RateLimiter): a caller not behind a debt takes its tokens at once, even more than
 -- are there, and the bucket goes into debt; a caller behind a debt waits until it is repaid, then takes its
 -- tokens, deepening the debt for the next one. Same hash as token_bucket.lua, whose callers are refused while
 -- the bucket is in debt.
@@ -21,23 +21,24 @@
 --   reset_after_ms  until the bucket is full again
 -- Mirrors TokenBucket::acquire in src/algorithm/token_bucket.rs.
 
-local function idiv(a, b)
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
-local function cdiv(a, b) return idiv(a + b - 1, b) end
-local function int(x) return string.format('%.0f', x) end
+local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
 
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local max_wait = tonumber(ARGV[5])
-local now = tonumber(ARGV[6])
+local now_arg = 6
 if not (capacity and rate and per and cost and max_wait) or capacity < 1 or rate < 0 or per < 1 or cost < 1 or max_wait < 0 then
   return redis.error_reply('ERR token_acquire: bad arguments (capacity, rate, per_ms, cost, max_wait_ms)')
 end
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)

@@ -8,7 +8,7 @@
 -- ARGV[5]  max        tokens, integer ≥ min: grant at most this many (the batch of a lease)
 -- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
 --
--- With a second key, the rule bans after a breach (seed 003):
+-- With a second key, the rule bans after a breach (e.g. a 'like' limit that refuses the user for an hour):
 -- KEYS[2]  the ban (a string: ms until which the key is banned)
 -- ARGV[6]  ban_ms     after a refusal, refuse the key this long
 -- ARGV[7]  now_ms     optional, as above
@@ -25,24 +25,26 @@
 -- A new (or expired) key starts full. A full bucket is deleted (it equals a missing key); otherwise the key
 -- expires when it would be full again, so idle keys clean themselves up. Mirrors src/algorithm/token_bucket.rs.
 
-local function idiv(a, b) -- floor(a / b) for integers a ≥ 0, b ≥ 1, exact below 2^53
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
-local function cdiv(a, b) return idiv(a + b - 1, b) end
-local function int(x) return string.format('%.0f', x) end
+local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
 
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local min = tonumber(ARGV[4])
 local max = tonumber(ARGV[5])
-local ban_key, ban_ms, now = KEYS[2], 0, tonumber(ARGV[6])
-if ban_key then ban_ms, now = tonumber(ARGV[6]), tonumber(ARGV[7]) end
+local ban_key, ban_ms = KEYS[2], 0
+local now_arg = 6
+if ban_key then ban_ms, now_arg = tonumber(ARGV[6]), 7 end
 if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or rate < 0 or per < 1 or min < 1 or max < min or ban_ms < 0 then
   return redis.error_reply('ERR token_bucket: bad arguments (capacity, rate, per_ms, min, max)')
 end
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
@@ -72,7 +74,7 @@ if ban_key then
   local banned_until = tonumber(redis.call('GET', ban_key) or '0') or 0
   if banned_until > now then
     local left = banned_until - now
-        return { 0, whole(level), left, at_least(reset_after_of(level), left) }
+    return { 0, whole(level), left, at_least(reset_after_of(level), left) }
   end
 end
 

@@ -16,22 +16,23 @@
 --   reset_after_ms  ms until the bucket is full again; -1 when never (rate 0)
 -- A missing key is a full bucket: nothing can be added to it. Mirrors src/algorithm/token_bucket.rs.
 
-local function idiv(a, b)
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
-local function cdiv(a, b) return idiv(a + b - 1, b) end
-local function int(x) return string.format('%.0f', x) end
+local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
 
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local now = tonumber(ARGV[5])
+local now_arg = 5
 if not (capacity and rate and per and n) or capacity < 1 or rate < 0 or per < 1 then
   return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens)')
 end
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
