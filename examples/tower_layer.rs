@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::Router;
-use tokenlease::middleware::{HeaderName, KeySource, RateLimitLayer};
+use tokenlease::http::{HeaderName, KeySource, RateLimitLayer};
 use tokenlease::{Limiter, Rule};
 
 #[tokio::main]

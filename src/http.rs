@@ -202,7 +202,7 @@ struct Settings {
 /// # async fn main() -> Result<(), tokenlease::Error> {
 /// use std::time::Duration;
 /// use axum::{routing::get, Router};
-/// use tokenlease::middleware::{HeaderName, KeySource, RateLimitLayer};
+/// use tokenlease::http::{HeaderName, KeySource, RateLimitLayer};
 /// use tokenlease::{Limiter, Rule};
 ///
 /// let limiter = Limiter::builder()

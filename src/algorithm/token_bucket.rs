@@ -56,7 +56,7 @@ impl TokenBucket {
 
     /// One process's share of a bucket shared by `processes` processes: `capacity / processes` tokens (at least
     /// 1), refilled at `rate / processes` per period, which is `rate` per `processes × per` (exact).
-    pub fn share(&self, processes: u64) -> Self {
+    pub(crate) fn share(&self, processes: u64) -> Self {
         Self {
             capacity: (self.capacity / processes.max(1)).max(1),
             rate: self.rate,
@@ -65,13 +65,13 @@ impl TokenBucket {
     }
 
     /// Whether every quantity stays exact in Lua's doubles (capacity × per_ms below 2^53).
-    pub fn is_exact_in_lua(&self) -> bool {
+    pub(crate) fn is_exact_in_lua(&self) -> bool {
         self.capacity.checked_mul(self.per_ms).is_some_and(|v| v < MAX_EXACT)
             && self.rate.checked_mul(self.per_ms).is_some_and(|v| v < MAX_EXACT)
     }
 
     /// The state at `now_ms`: a missing bucket is full, then the refill since the last timestamp, capped.
-    pub fn refill(&self, state: Option<TokenBucketState>, now_ms: u64) -> TokenBucketState {
+    pub(crate) fn refill(&self, state: Option<TokenBucketState>, now_ms: u64) -> TokenBucketState {
         let full = self.full();
         match state {
             None => TokenBucketState {
@@ -116,7 +116,7 @@ impl TokenBucket {
     ///
     /// `retry_after_ms` of a refusal is the time until `min` tokens are there, [`NEVER`] when `min` exceeds
     /// the capacity or the rate is 0.
-    pub fn take(
+    pub(crate) fn take(
         &self,
         state: Option<TokenBucketState>,
         min: u64,
@@ -150,7 +150,7 @@ impl TokenBucket {
     /// repaid (`retry_after_ms` of a grant is that wait), then takes its tokens, deepening the debt for the
     /// next. A wait above `max_wait_ms` is refused (`retry_after_ms` = until it would fit). Mirrors
     /// `lua/token_acquire.lua`.
-    pub fn acquire(
+    pub(crate) fn acquire(
         &self,
         state: Option<TokenBucketState>,
         cost: u64,
@@ -183,7 +183,7 @@ impl TokenBucket {
 
     /// [`TokenBucket::take`] behind a ban (seed 003): a banned key is refused until the ban ends; a refusal
     /// bans it for `ban_ms` (0 = never). Mirrors `token_bucket.lua` called with a ban key.
-    pub fn take_banned(
+    pub(crate) fn take_banned(
         &self,
         state: Option<TokenBucketState>,
         ban: &mut Ban,
@@ -214,7 +214,7 @@ impl TokenBucket {
 
     /// Gives `tokens` back at `now_ms`, capped at the capacity; a missing (full) bucket takes nothing.
     /// The reply's `granted` is the number of whole tokens accepted.
-    pub fn give_back(
+    pub(crate) fn give_back(
         &self,
         state: Option<TokenBucketState>,
         tokens: u64,
@@ -247,7 +247,7 @@ impl TokenBucket {
     /// Charges `tokens` admitted elsewhere at `now_ms` (a process that decided alone under
     /// `fail_mode = "local"` while the store failed): the level goes down by `tokens`, into debt if need be, but
     /// not below −capacity. A missing bucket is full. The reply's `granted` is 0.
-    pub fn debit(
+    pub(crate) fn debit(
         &self,
         state: Option<TokenBucketState>,
         tokens: u64,
