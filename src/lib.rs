@@ -8,7 +8,7 @@ mod algorithm;
 mod background;
 mod clock;
 mod compiled;
-pub mod config;
+mod config;
 mod decision;
 mod error;
 mod fallback;
@@ -23,7 +23,7 @@ pub mod telemetry;
 
 pub use algorithm::TokenBucket;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
-pub use config::{Config, ProcessConfig, RedisConfig};
+pub use config::{Config, MetricsConfig, ProcessConfig, RedisConfig};
 pub use decision::{Decision, Permit, Source};
 pub use error::{ConfigError, Error, StoreError, StoreErrorKind};
 pub use limiter::{Limiter, LimiterBuilder, LimiterStats};
