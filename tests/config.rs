@@ -97,6 +97,7 @@ fn errors_from_a_file_name_the_file() {
 }
 
 #[test]
+#[cfg(feature = "cli")] // runs the binary
 fn check_config_command_reports_the_error_and_fails() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bad.toml");

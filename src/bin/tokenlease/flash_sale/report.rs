@@ -1,0 +1,75 @@
+//! What a worker reports (its counts and its latency histogram, base64 of the V2 serialization), and the merge of
+//! the workers' reports.
+
+use base64::Engine as _;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// What a worker reports.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct Report {
+    pub(super) attempts: u64,
+    pub(super) admitted: u64,
+    pub(super) rejected: u64,
+    pub(super) errors: u64,
+    /// Decisions made by the rule's fail_mode because the store failed or timed out.
+    pub(super) fallback: u64,
+    pub(super) user_attempts: u64,
+    pub(super) user_admitted: u64,
+    pub(super) redis_calls: u64,
+    pub(super) leased_tokens: u64,
+    pub(super) returned_tokens: u64,
+    pub(super) first_us: u64,
+    pub(super) last_us: u64,
+    pub(super) histogram: String,
+}
+
+pub(super) fn new_histogram() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())
+}
+
+pub(super) fn encode_histogram(hist: &Histogram<u64>) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    V2Serializer::new()
+        .serialize(hist, &mut bytes)
+        .map_err(|e| e.to_string())?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+fn decode_histogram(b64: &str) -> Result<Histogram<u64>, String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| e.to_string())?;
+    Deserializer::new()
+        .deserialize(&mut bytes.as_slice())
+        .map_err(|e| e.to_string())
+}
+
+/// The workers' reports summed, their span from the first worker's start to the last one's end, and their
+/// histograms merged.
+pub(super) fn merge(reports: &[Report]) -> Result<(Report, Histogram<u64>), String> {
+    let mut hist = new_histogram()?;
+    let mut total = Report {
+        first_us: u64::MAX,
+        ..Report::default()
+    };
+    for r in reports {
+        total.attempts += r.attempts;
+        total.admitted += r.admitted;
+        total.rejected += r.rejected;
+        total.errors += r.errors;
+        total.fallback += r.fallback;
+        total.user_attempts += r.user_attempts;
+        total.user_admitted += r.user_admitted;
+        total.redis_calls += r.redis_calls;
+        total.leased_tokens += r.leased_tokens;
+        total.returned_tokens += r.returned_tokens;
+        if r.attempts > 0 {
+            total.first_us = total.first_us.min(r.first_us);
+            total.last_us = total.last_us.max(r.last_us);
+        }
+        hist.add(decode_histogram(&r.histogram)?).map_err(|e| e.to_string())?;
+    }
+    Ok((total, hist))
+}

@@ -1,0 +1,128 @@
+//! The coordinator's summary of a run: the merged counts and latencies against invariant 1, printed for a person,
+//! and with `--json` as one JSON object on the last line.
+
+use hdrhistogram::Histogram;
+use tokenlease::Rule;
+
+use super::limits::Limits;
+use super::report::Report;
+use super::Args;
+
+/// The run the summary describes.
+pub(super) struct Run<'a> {
+    pub(super) args: &'a Args,
+    pub(super) rule: &'a Rule,
+    pub(super) limits: &'a Limits,
+    /// The store, as the summary names it.
+    pub(super) store_desc: &'a str,
+    /// The worker processes that ran (one with the in-process store).
+    pub(super) processes: u32,
+}
+
+/// Prints the summary of `total`, the workers' merged reports, and `hist`, their merged latencies; returns whether
+/// the admitted count is within invariant 1's bound.
+pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> bool {
+    let Run {
+        args,
+        rule,
+        limits,
+        store_desc,
+        processes,
+    } = *run;
+    let lease_ttl_s = limits.lease_ttl_s;
+    let span_s = total.last_us.saturating_sub(total.first_us.min(total.last_us)) as f64 / 1e6;
+    let (rate_per_s, bound) = (limits.rate_per_s, limits.bound(span_s));
+    let decisions_per_s = if span_s > 0.0 {
+        (total.attempts + total.user_attempts) as f64 / span_s
+    } else {
+        0.0
+    };
+    let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
+    let within = total.admitted as f64 <= bound;
+
+    println!(
+        "flash sale on rule `{}` ({}), store: {store_desc}",
+        rule.name,
+        if rule.lease().is_some() && !args.no_lease {
+            "leased"
+        } else {
+            "one store call per decision"
+        }
+    );
+    println!("  processes × tasks     {processes} × {}", args.tasks);
+    println!("  span                  {span_s:.3} s");
+    println!(
+        "  capacity, rate        {} tokens, {rate_per_s} /s (lease ttl {lease_ttl_s} s)",
+        limits.capacity
+    );
+    println!("  attempts              {}", total.attempts);
+    println!(
+        "  admitted              {} ({:.1} % of the bound {bound:.0})",
+        total.admitted,
+        100.0 * total.admitted as f64 / bound
+    );
+    println!("  rejected              {}", total.rejected);
+    if total.fallback > 0 {
+        println!(
+            "  decided by fail_mode  {} (the store failed or timed out)",
+            total.fallback
+        );
+    }
+    if total.errors > 0 {
+        println!("  errors                {}", total.errors);
+    }
+    if args.users > 0 {
+        println!(
+            "  user keys             {} attempts, {} admitted over {} users",
+            total.user_attempts, total.user_admitted, args.users
+        );
+    }
+    println!(
+        "  redis calls           {} ({:.4} per admitted)",
+        total.redis_calls,
+        total.redis_calls as f64 / total.admitted.max(1) as f64
+    );
+    println!("  decisions/s           {decisions_per_s:.0}");
+    println!(
+        "  latency p50/p99/p999  {:.2} / {:.2} / {:.2} µs",
+        q(0.5),
+        q(0.99),
+        q(0.999)
+    );
+    println!(
+        "  invariant             {}",
+        if within {
+            "admitted ≤ bound: ok"
+        } else {
+            "ADMITTED MORE THAN THE BOUND"
+        }
+    );
+    if args.json {
+        let json = serde_json::json!({
+            "store": store_desc,
+            "rule": rule.name,
+            "lease": !args.no_lease,
+            "processes": processes,
+            "tasks": args.tasks,
+            "span_s": span_s,
+            "capacity": limits.capacity,
+            "rate_per_s": rate_per_s,
+            "lease_ttl_s": lease_ttl_s,
+            "attempts": total.attempts,
+            "admitted": total.admitted,
+            "rejected": total.rejected,
+            "errors": total.errors,
+            "fallback": total.fallback,
+            "user_attempts": total.user_attempts,
+            "user_admitted": total.user_admitted,
+            "bound": bound,
+            "redis_calls": total.redis_calls,
+            "leased_tokens": total.leased_tokens,
+            "returned_tokens": total.returned_tokens,
+            "decisions_per_s": decisions_per_s,
+            "latency_us": { "p50": q(0.5), "p99": q(0.99), "p999": q(0.999) },
+        });
+        println!("{json}");
+    }
+    within
+}

@@ -1,0 +1,136 @@
+//! A worker process (`tokenlease flash-sale-worker --spec <json>`): its tasks call `check` on the hot key, and cold
+//! user keys beside it, until the deadline; it prints its report as JSON on its last line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tokenlease::{Algorithm, Limiter};
+
+use super::report::{encode_histogram, new_histogram, Report};
+use super::{epoch_us, load_config};
+
+/// What a worker is told to do.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Spec {
+    /// 0 for the first worker, which serves `[metrics] listen` when the config sets it.
+    pub(super) index: u32,
+    pub(super) config: PathBuf,
+    pub(super) redis: Option<String>,
+    pub(super) rule: String,
+    pub(super) key: String,
+    pub(super) tasks: u32,
+    pub(super) users: u32,
+    pub(super) duration_ms: u64,
+    pub(super) start_at_ms: u64,
+    pub(super) no_lease: bool,
+}
+
+/// A worker process.
+pub fn worker(spec: &str) -> Result<ExitCode, String> {
+    let spec: Spec = serde_json::from_str(spec).map_err(|e| format!("bad --spec: {e}"))?;
+    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let report = rt.block_on(run_worker(spec))?;
+    println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
+    let mut config = load_config(&spec.config, spec.redis.as_deref())?;
+    if spec.no_lease {
+        for rule in &mut config.rules {
+            if let Algorithm::TokenBucket { lease, .. } = &mut rule.algorithm {
+                *lease = None;
+            }
+        }
+    }
+    if let (0, Some(metrics)) = (spec.index, &config.metrics) {
+        // A busy port must not stop the run: say so and go on without an exporter.
+        if let Err(e) = crate::install_exporter(metrics.listen) {
+            eprintln!("{e}");
+        }
+    }
+    let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
+    let wait_ms = spec.start_at_ms.saturating_sub(epoch_us() / 1000);
+    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    let deadline = Instant::now() + Duration::from_millis(spec.duration_ms);
+    let spec = Arc::new(spec);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..spec.tasks {
+        let (limiter, spec) = (limiter.clone(), spec.clone());
+        tasks.spawn(async move { run_task(&limiter, &spec, t, deadline).await });
+    }
+    let mut report = Report {
+        first_us: u64::MAX,
+        ..Report::default()
+    };
+    let mut hist = new_histogram()?;
+    while let Some(joined) = tasks.join_next().await {
+        let (r, h) = joined.map_err(|e| e.to_string())??;
+        report.attempts += r.attempts;
+        report.admitted += r.admitted;
+        report.rejected += r.rejected;
+        report.errors += r.errors;
+        report.fallback += r.fallback;
+        report.user_attempts += r.user_attempts;
+        report.user_admitted += r.user_admitted;
+        report.first_us = report.first_us.min(r.first_us);
+        report.last_us = report.last_us.max(r.last_us);
+        hist.add(h).map_err(|e| e.to_string())?;
+    }
+    limiter.shutdown().await;
+    let stats = limiter.stats();
+    report.redis_calls = stats.store_calls;
+    report.leased_tokens = stats.leased_tokens;
+    report.returned_tokens = stats.returned_tokens;
+    report.histogram = encode_histogram(&hist)?;
+    Ok(report)
+}
+
+async fn run_task(
+    limiter: &Limiter,
+    spec: &Spec,
+    task: u32,
+    deadline: Instant,
+) -> Result<(Report, Histogram<u64>), String> {
+    let mut r = Report {
+        first_us: epoch_us(),
+        ..Report::default()
+    };
+    let mut hist = new_histogram()?;
+    let mut i: u64 = 0;
+    loop {
+        let started = Instant::now();
+        if started >= deadline {
+            break;
+        }
+        i += 1;
+        if spec.users > 0 && i.is_multiple_of(8) {
+            let user = (i / 8 + u64::from(task) * 7919) % u64::from(spec.users);
+            r.user_attempts += 1;
+            if let Ok(d) = limiter.check(&spec.rule, &format!("user:{user}"), 1).await {
+                r.user_admitted += u64::from(d.allowed);
+            }
+            continue;
+        }
+        r.attempts += 1;
+        match limiter.check(&spec.rule, &spec.key, 1).await {
+            Ok(d) => {
+                r.admitted += u64::from(d.allowed);
+                r.rejected += u64::from(!d.allowed);
+                r.fallback += u64::from(d.source == tokenlease::Source::Fallback);
+            }
+            Err(_) => r.errors += 1,
+        }
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        hist.saturating_record(took.max(1));
+        if i.is_multiple_of(64) {
+            tokio::task::yield_now().await;
+        }
+    }
+    r.last_us = epoch_us();
+    Ok((r, hist))
+}
