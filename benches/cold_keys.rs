@@ -1,5 +1,5 @@
 //! Resident memory of one process that sees 1,000,000 distinct cold keys on a leased rule (each key leases once,
-//! spends one token and is never seen again): the local cache is bounded by `[local] max_local_keys`, so memory
+//! spends one token and is never seen again): the local cache is bounded by `[process] max_local_keys`, so memory
 //! stays flat, and the evicted keys' unspent tokens go back to Redis. `cargo bench --bench cold_keys` prints a
 //! table: resident memory (VmRSS from /proc/self/status) and local keys as the keys go by, for the default bound
 //! of 100,000 keys and for 10,000, with batches of 5 tokens and with adaptive batches of 1 to 100.

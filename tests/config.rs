@@ -166,3 +166,16 @@ fn a_cluster_is_a_list_of_nodes() {
     assert_eq!(redis.cluster, ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
     assert!(redis.url.is_empty());
 }
+
+#[test]
+fn process_settings_are_read_under_their_name_and_their_old_one() {
+    for section in ["process", "local"] {
+        let text = format!("[{section}]\nmax_key_bytes = 64\nmax_local_keys = 7\nidle_ttl = \"2s\"\n");
+        let config = Config::from_toml(&text).expect(section);
+        assert_eq!(config.process.max_key_bytes, 64, "[{section}]");
+        assert_eq!(config.process.max_local_keys, 7, "[{section}]");
+        assert_eq!(config.process.idle_ttl, std::time::Duration::from_secs(2), "[{section}]");
+    }
+    let err = Config::from_toml("[process]\nmax_local_keys = 0\n").expect_err("zero keys").to_string();
+    assert!(err.contains("[process] `max_local_keys`"), "{err}");
+}

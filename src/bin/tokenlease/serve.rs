@@ -29,7 +29,7 @@ use tokenlease::{Config, Decision, Error, Limiter};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-/// Request bodies above this many bytes, plus `[local] max_key_bytes`, are refused (413).
+/// Request bodies above this many bytes, plus `[process] max_key_bytes`, are refused (413).
 const MAX_BODY: usize = 16 * 1024;
 
 /// How long requests in flight may take to finish after SIGTERM before the sidecar stops anyway.
