@@ -3,6 +3,7 @@
 //! resharding (`redis-cli --cluster reshard`) in the middle of a run: `MOVED` and `ASK` are followed, no decision
 //! falls back, and no limit is exceeded.
 
+#[path = "common/integration.rs"]
 mod common;
 
 use std::collections::HashMap;
@@ -286,6 +287,7 @@ async fn a_resharding_mid_run_is_followed_without_fallback_or_excess() {
 async fn a_short_timeout_does_not_keep_the_cluster_from_connecting() {
     let cluster = RedisCluster::start(3);
     let limiter = Limiter::from_config(cluster.config_with_timeout(RULES, "1ms")).expect("limiter");
+    // real time: waits for the redis-server cluster's connection.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let d = limiter.check("like", "user:1", 1).await.expect("check");

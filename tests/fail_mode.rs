@@ -1,15 +1,16 @@
 //! Redis stopped: each fail_mode does what it says, within the timeout, and the limiter recovers by itself.
 
+#[path = "common/integration.rs"]
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenlease::{FailMode, Lease, Limiter, RedisStore, Rule, Source};
+use tokenlease::{FailMode, Lease, Limiter, Rule, Source};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 
-fn limiter(server: &common::RedisServer) -> Limiter {
+/// The rules of these tests, one per fail mode.
+fn rules() -> [Rule; 5] {
     let rule = |name: &str, mode: FailMode| {
         Rule::token_bucket(name, 8, 1, Duration::from_secs(3600))
             .expect("rule")
@@ -27,18 +28,22 @@ fn limiter(server: &common::RedisServer) -> Limiter {
             .expect("rule")
             .with_fail_mode(mode)
     };
-    let store = RedisStore::connect(&server.url(), TIMEOUT).expect("store");
-    Limiter::builder()
-        .store(Arc::new(store))
+    [
+        rule("open", FailMode::Open),
+        rule("closed", FailMode::Closed),
+        rule("local", FailMode::Local),
+        leased("leased_closed", FailMode::Closed),
+        leased("leased_local", FailMode::Local),
+    ]
+}
+
+/// [`rules`] on `server`, calls timing out after [`TIMEOUT`], as one of 4 processes.
+fn on_redis(server: &common::RedisServer) -> Limiter {
+    common::limiter(rules())
+        .redis(server)
         .timeout(TIMEOUT)
         .expected_processes(4)
-        .rule(rule("open", FailMode::Open))
-        .rule(rule("closed", FailMode::Closed))
-        .rule(rule("local", FailMode::Local))
-        .rule(leased("leased_closed", FailMode::Closed))
-        .rule(leased("leased_local", FailMode::Local))
         .build()
-        .expect("limiter")
 }
 
 /// Runs a check and asserts it answered within a bound that holds on a loaded machine.
@@ -56,7 +61,7 @@ async fn timed(l: &Limiter, rule: &str, key: &str) -> tokenlease::Decision {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fail_mode_does_what_it_says_and_recovers() {
     let mut server = common::RedisServer::start();
-    let l = limiter(&server);
+    let l = on_redis(&server);
     for rule in ["open", "closed", "local"] {
         let d = timed(&l, rule, "before").await;
         assert!(d.allowed && d.source == Source::Redis, "{rule}: {d:?}");
@@ -87,6 +92,7 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
 
     server.restart();
     // Recovers by itself: the connection manager reconnects; the fallback back-off is 100 ms.
+    // real time: waits for the restarted redis-server (here and below).
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut sources = Vec::new();
     while Instant::now() < deadline {
@@ -115,10 +121,11 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
 async fn a_limiter_builds_while_redis_is_down() {
     let mut server = common::RedisServer::start();
     server.stop();
-    let l = limiter(&server);
+    let l = on_redis(&server);
     let d = timed(&l, "closed", "x").await;
     assert!(!d.allowed && d.source == Source::Fallback);
     server.restart();
+    // real time: waits for the restarted redis-server.
     let deadline = Instant::now() + Duration::from_secs(10);
     while timed(&l, "closed", "x").await.source != Source::Redis {
         assert!(Instant::now() < deadline, "never connected");
@@ -141,6 +148,7 @@ async fn admitted_by(l: &Limiter, rule: &str, key: &str, source: Source, calls: 
                 Instant::now() < deadline,
                 "{rule}: no decision by {source:?} within 10 s"
             );
+            // real time: waits for redis-server to stop or come back.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -150,7 +158,7 @@ async fn admitted_by(l: &Limiter, rule: &str, key: &str, source: Source, calls: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
     let mut server = common::RedisServer::start();
-    let l = limiter(&server);
+    let l = on_redis(&server);
     server.stop();
     // Alone, the process admits its share: capacity 8 / 4 processes = 2; 100 / 4 = 25 for the leased rule.
     assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 2);
@@ -172,7 +180,7 @@ async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_charges_what_local_mode_admitted_alone() {
     let mut server = common::RedisServer::start();
-    let l = limiter(&server);
+    let l = on_redis(&server);
     server.stop();
     assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 2);
     server.restart();
@@ -180,7 +188,7 @@ async fn shutdown_charges_what_local_mode_admitted_alone() {
     admitted_by(&l, "local", "other", Source::Redis, 1).await;
     l.shutdown().await;
 
-    let next = limiter(&server);
+    let next = on_redis(&server);
     assert_eq!(
         admitted_by(&next, "local", "k", Source::Redis, 12).await,
         6,

@@ -1,37 +1,31 @@
 //! Redis faults against real redis-server processes: scripts flushed, data flushed, the server frozen.
 
+#[path = "common/integration.rs"]
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenlease::{FailMode, Limiter, RedisStore, Rule, Source};
+use tokenlease::{FailMode, Limiter, Rule, Source};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 
-fn limiter(server: &common::RedisServer) -> Limiter {
-    let store = RedisStore::connect(&server.url(), TIMEOUT).expect("store");
-    Limiter::builder()
-        .store(Arc::new(store))
-        .timeout(TIMEOUT)
-        .rule(
-            Rule::token_bucket("tb", 3, 1, Duration::from_secs(3600))
-                .expect("rule")
-                .with_fail_mode(FailMode::Closed),
-        )
-        .rule(
-            Rule::sliding_log("log", 3, Duration::from_secs(3600))
-                .expect("rule")
-                .with_fail_mode(FailMode::Open),
-        )
-        .build()
-        .expect("limiter")
+/// A closed token bucket and an open sliding log of 3 each on `server`, calls timing out after [`TIMEOUT`].
+fn on_redis(server: &common::RedisServer) -> Limiter {
+    let rules = [
+        Rule::token_bucket("tb", 3, 1, Duration::from_secs(3600))
+            .expect("rule")
+            .with_fail_mode(FailMode::Closed),
+        Rule::sliding_log("log", 3, Duration::from_secs(3600))
+            .expect("rule")
+            .with_fail_mode(FailMode::Open),
+    ];
+    common::limiter(rules).redis(server).timeout(TIMEOUT).build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_is_reloaded_transparently() {
     let server = common::RedisServer::start();
-    let l = limiter(&server);
+    let l = on_redis(&server);
     assert_eq!(l.check("tb", "k", 1).await.expect("check").source, Source::Redis);
     assert!(server.cmd(&["SCRIPT", "FLUSH"]).expect("flush").contains("OK"));
     for rule in ["tb", "log"] {
@@ -47,7 +41,7 @@ async fn script_flush_is_reloaded_transparently() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_restarts_buckets_full() {
     let server = common::RedisServer::start();
-    let l = limiter(&server);
+    let l = on_redis(&server);
     for rule in ["tb", "log"] {
         for _ in 0..3 {
             assert!(l.check(rule, "k", 1).await.expect("check").allowed);
@@ -70,7 +64,7 @@ async fn flushall_restarts_buckets_full() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
     let server = common::RedisServer::start();
-    let l = limiter(&server);
+    let l = on_redis(&server);
     assert!(l.check("tb", "k", 1).await.expect("check").allowed);
     server.freeze();
     for _ in 0..5 {
@@ -100,6 +94,7 @@ async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
     );
     server.thaw();
     // It half-opens after 500 ms, one probe succeeds, and it closes.
+    // real time: waits for the thawed redis-server.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let d = l.check("tb", "k", 1).await.expect("check");

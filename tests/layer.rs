@@ -3,6 +3,7 @@
 //! requests without a key and limiter errors; costs; shadow rules (and their metrics); `insert_headers` alone.
 //! Long windows throughout, so no test depends on time passing.
 
+#[path = "common/integration.rs"]
 mod common;
 
 use std::net::SocketAddr;
@@ -18,23 +19,10 @@ use common::RedisServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use tokenlease::http::{insert_headers, HeaderName, KeySource, RateLimitLayer, RATELIMIT, RATELIMIT_POLICY};
-use tokenlease::{Decision, Limiter, Quota, RedisStore, Rule, Source};
+use tokenlease::{Decision, Limiter, Quota, Rule, Source};
 use tower::ServiceExt;
 
 const HOUR: Duration = Duration::from_secs(3600);
-
-/// A limiter over `rules`, on `redis` when given, else on the in-process store.
-fn limiter(redis: Option<&RedisServer>, rules: Vec<Rule>) -> Limiter {
-    let builder = Limiter::builder().rules(rules);
-    let builder = match redis {
-        Some(server) => {
-            let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("connect to redis-server");
-            builder.store(Arc::new(store))
-        }
-        None => builder,
-    };
-    builder.build().expect("limiter")
-}
 
 fn api_key() -> KeySource {
     KeySource::Header(HeaderName::from_static("x-api-key"))
@@ -183,18 +171,22 @@ fn api_rule() -> Rule {
 
 #[tokio::test]
 async fn header_key_on_memory_store() {
-    limits_by_header(limiter(None, vec![api_rule()])).await;
+    limits_by_header(common::limiter([api_rule()]).build()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_key_on_redis() {
     let server = RedisServer::start();
-    limits_by_header(limiter(Some(&server), vec![api_rule()])).await;
+    limits_by_header(common::limiter([api_rule()]).redis(&server).build()).await;
 }
 
 #[tokio::test]
 async fn a_request_without_a_usable_header_is_400_and_not_passed_on() {
-    let app = App::new(RateLimitLayer::new(limiter(None, vec![api_rule()]), "api", api_key()));
+    let app = App::new(RateLimitLayer::new(
+        common::limiter([api_rule()]).build(),
+        "api",
+        api_key(),
+    ));
     let missing = app.send(request("/")).await;
     let message = missing.error(StatusCode::BAD_REQUEST);
     assert!(message.contains("x-api-key"), "{message}");
@@ -216,7 +208,7 @@ async fn a_request_without_a_usable_header_is_400_and_not_passed_on() {
 async fn client_ip_key_limits_each_address_and_needs_connect_info() {
     let rule = Rule::sliding_log("per_ip", 1, HOUR).expect("rule");
     let app = App::new(RateLimitLayer::new(
-        limiter(None, vec![rule]),
+        common::limiter([rule]).build(),
         "per_ip",
         KeySource::ClientIp,
     ));
@@ -238,7 +230,7 @@ async fn client_ip_key_limits_each_address_and_needs_connect_info() {
 async fn path_key_limits_each_path() {
     let rule = Rule::sliding_log("per_path", 1, HOUR).expect("rule");
     let app = App::new(RateLimitLayer::new(
-        limiter(None, vec![rule]),
+        common::limiter([rule]).build(),
         "per_path",
         KeySource::Path,
     ));
@@ -253,7 +245,7 @@ async fn path_key_limits_each_path() {
 #[tokio::test]
 async fn with_cost_charges_that_many_tokens() {
     let rule = Rule::sliding_log("upload", 5, HOUR).expect("rule");
-    let limiter = limiter(None, vec![rule]);
+    let limiter = common::limiter([rule]).build();
     let app = App::new(RateLimitLayer::new(limiter.clone(), "upload", api_key()).with_cost(2));
     for remaining in [3, 1] {
         let reply = app.send_keyed("/", "u").await;
@@ -279,7 +271,7 @@ async fn with_cost_charges_that_many_tokens() {
 
 #[tokio::test]
 async fn limiter_errors_map_to_their_status() {
-    let limiter = limiter(None, vec![api_rule()]);
+    let limiter = common::limiter([api_rule()]).build();
     let unknown = App::new(RateLimitLayer::new(limiter.clone(), "nope", api_key()));
     let message = unknown.send_keyed("/", "k").await.error(StatusCode::NOT_FOUND);
     assert!(message.contains("nope"), "{message}");
@@ -318,7 +310,14 @@ async fn shadow_rule_counts_but_never_refuses(redis: Option<&RedisServer>) {
     let snapshotter = recorder.snapshotter();
     let trial = Rule::sliding_log("trial", 1, HOUR).expect("rule").with_shadow(true);
     let strict = Rule::sliding_log("strict", 1, HOUR).expect("rule");
-    let limiter = metrics::with_local_recorder(&recorder, || limiter(redis, vec![trial, strict]));
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        let limiter = common::limiter([trial, strict]);
+        match redis {
+            Some(server) => limiter.redis(server),
+            None => limiter,
+        }
+        .build()
+    });
 
     let first = limiter.check("trial", "k", 1).await.expect("check");
     assert!(first.allowed && !first.shadowed, "{first:?}");
@@ -377,7 +376,7 @@ async fn shadow_rule_on_redis() {
 async fn a_stock_that_never_refills_has_no_window_reset_or_retry_after() {
     let stock = Rule::token_bucket("stock", 1, 0, Duration::from_secs(1)).expect("rule");
     let app = App::new(RateLimitLayer::new(
-        limiter(None, vec![stock]),
+        common::limiter([stock]).build(),
         "stock",
         KeySource::Path,
     ));

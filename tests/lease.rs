@@ -1,25 +1,21 @@
 //! The lease cache against a real Redis: the shared limit holds across limiters, unused tokens go back,
 //! refusals are served locally.
 
+#[path = "common/integration.rs"]
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenlease::{Clock, FakeClock, Lease, Limiter, RedisStore, Rule, Source};
+use tokenlease::{FakeClock, Lease, Rule, Source};
 
-fn redis_limiter(server: &common::RedisServer, rule: Rule, clock: Option<Arc<dyn Clock>>) -> Limiter {
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(1)).expect("store");
-    let mut b = Limiter::builder()
-        .rule(rule)
-        .store(Arc::new(store))
+/// `rule` on `server` with 1 s timeouts, as one of 2 processes.
+fn on_redis(server: &common::RedisServer, rule: Rule) -> common::TestLimiter {
+    common::limiter([rule])
+        .redis(server)
         .timeout(Duration::from_secs(1))
-        .expected_processes(2);
-    if let Some(c) = clock {
-        b = b.clock(c);
-    }
-    b.build().expect("limiter")
+        .expected_processes(2)
 }
 
 /// Tokens in the Redis bucket now, from its hash (a missing key is a full bucket).
@@ -46,10 +42,7 @@ async fn two_limiters_by_eight_tasks_never_admit_more_than_the_bound() {
             })
             .expect("rule")
     };
-    let limiters = [
-        redis_limiter(&server, rule(), None),
-        redis_limiter(&server, rule(), None),
-    ];
+    let limiters = [on_redis(&server, rule()).build(), on_redis(&server, rule()).build()];
     let admitted = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let run_for = Duration::from_millis(1500);
@@ -99,7 +92,7 @@ async fn unused_tokens_go_back_on_lease_expiry() {
             })
         })
         .expect("rule");
-    let limiter = redis_limiter(&server, rule, Some(Arc::new(clock.clone())));
+    let limiter = on_redis(&server, rule).clock(Arc::new(clock.clone())).build();
     let key = limiter.store_key("exp", "k");
     let d = limiter.check("exp", "k", 1).await.expect("check");
     assert!(d.allowed);
@@ -110,11 +103,14 @@ async fn unused_tokens_go_back_on_lease_expiry() {
     );
     assert_eq!(d.source, Source::Local);
     // Before the TTL nothing goes back.
+    // real time: the sweeper gives back to redis-server, whose answers a paused clock would not wait for (it
+    // jumps to the call timeouts); the fake clock alone says when the lease is due.
     clock.advance(Duration::from_millis(99));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(redis_tokens(&server, &key, 100, 3_600_000), 80);
     // After it, the sweeper gives the 19 unused tokens back.
     clock.advance(Duration::from_millis(2));
+    // real time: waits for the give-back to reach redis-server.
     let deadline = Instant::now() + Duration::from_secs(5);
     while redis_tokens(&server, &key, 100, 3_600_000) != 99 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -136,7 +132,7 @@ async fn shutdown_gives_every_leased_token_back() {
             })
         })
         .expect("rule");
-    let limiter = redis_limiter(&server, rule, None);
+    let limiter = on_redis(&server, rule).build();
     for key in ["a", "b", "c"] {
         for _ in 0..5 {
             assert!(limiter.check("sd", key, 1).await.expect("check").allowed);
@@ -173,7 +169,7 @@ async fn a_refused_hot_key_is_refused_locally() {
             })
         })
         .expect("rule");
-    let limiter = redis_limiter(&server, rule, None);
+    let limiter = on_redis(&server, rule).build();
     let mut admitted = 0;
     for _ in 0..20 {
         admitted += u64::from(limiter.check("ref", "sku", 1).await.expect("check").allowed);
@@ -209,7 +205,7 @@ async fn a_hot_key_costs_redis_a_call_per_batch() {
             })
         })
         .expect("rule");
-    let limiter = redis_limiter(&server, rule, None);
+    let limiter = on_redis(&server, rule).build();
     let before = server.script_calls();
     for _ in 0..20_000 {
         assert!(limiter.check("batch", "sku", 1).await.expect("check").allowed);
@@ -220,7 +216,8 @@ async fn a_hot_key_costs_redis_a_call_per_batch() {
 }
 
 /// The local cache keeps at most `max_local_keys`: the idlest keys are evicted and their tokens given back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Paused time: the sweeper (every second here) evicts; waiting for it takes no real time.
+#[tokio::test(start_paused = true)]
 async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
     let rule = Rule::token_bucket("many", 100, 1, Duration::from_secs(3600))
         .and_then(|r| {
@@ -236,12 +233,11 @@ async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
         idle_ttl: Duration::from_secs(600),
         ..Default::default()
     };
-    let limiter = Limiter::builder()
-        .rule(rule)
+    let limiter = common::limiter([rule])
+        .tokio_clock()
         .process(local)
         .expected_processes(1)
-        .build()
-        .expect("limiter");
+        .build();
     for user in 0..50 {
         assert!(
             limiter
@@ -251,13 +247,13 @@ async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
                 .allowed
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while limiter.local_keys() > 10 && Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while limiter.local_keys() > 10 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(limiter.local_keys() <= 10, "{} local keys", limiter.local_keys());
     // Each evicted key had 9 unused tokens of its batch of 10.
-    while limiter.stats().returned_tokens < 40 * 9 && Instant::now() < deadline {
+    while limiter.stats().returned_tokens < 40 * 9 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(limiter.stats().returned_tokens, 40 * 9);

@@ -1,13 +1,13 @@
 //! The limiter records the metrics of the README's metrics table (with a local debugging recorder: no global state).
 
+#[path = "common/integration.rs"]
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
-use tokenlease::{Lease, Limiter, RedisStore, Rule};
+use tokenlease::{Lease, Rule};
 
 /// What a snapshot holds (taking one resets the recorder's counters, so take it once).
 type Metrics = Vec<(
@@ -48,7 +48,6 @@ async fn decisions_leases_and_redis_latency_are_recorded() {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let limiter = metrics::with_local_recorder(&recorder, || {
-        let store = RedisStore::connect(&server.url(), Duration::from_secs(1)).expect("store");
         let leased = Rule::token_bucket("sku", 10, 1, Duration::from_secs(3600))
             .and_then(|r| {
                 r.with_lease(Lease {
@@ -59,14 +58,11 @@ async fn decisions_leases_and_redis_latency_are_recorded() {
             })
             .expect("rule");
         let direct = Rule::token_bucket("post", 2, 1, Duration::from_secs(3600)).expect("rule");
-        Limiter::builder()
-            .store(Arc::new(store))
+        common::limiter([leased, direct])
+            .redis(&server)
             .expected_processes(1)
-            .rule(leased)
-            .rule(direct)
             .build()
-    })
-    .expect("limiter");
+    });
 
     let mut allowed = 0;
     for _ in 0..30 {
@@ -121,15 +117,12 @@ async fn redis_errors_are_counted_by_kind() {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let limiter = metrics::with_local_recorder(&recorder, || {
-        let store = RedisStore::connect(&server.url(), Duration::from_millis(200)).expect("store");
         let rule = Rule::token_bucket("post", 2, 1, Duration::from_secs(3600)).expect("rule");
-        Limiter::builder()
-            .store(Arc::new(store))
+        common::limiter([rule])
+            .redis(&server)
             .timeout(Duration::from_millis(200))
-            .rule(rule)
             .build()
-    })
-    .expect("limiter");
+    });
     server.stop();
     let d = limiter.check("post", "u", 1).await.expect("a decision");
     assert_eq!(d.source, tokenlease::Source::Fallback);
@@ -147,12 +140,9 @@ async fn queue_depth_and_wait_are_recorded() {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let limiter = metrics::with_local_recorder(&recorder, || {
-        let clock = Arc::new(tokenlease::TokioClock::new());
         let rule = Rule::leaky_bucket("jobs", 10, Duration::from_secs(1), Duration::from_secs(5)).expect("rule");
-        let store = Arc::new(tokenlease::MemoryStore::with_clock(clock.clone()));
-        Limiter::builder().clock(clock).store(store).rule(rule).build()
-    })
-    .expect("limiter");
+        common::limiter([rule]).tokio_clock().build()
+    });
     let tasks: Vec<_> = (0..3)
         .map(|_| {
             let l = limiter.clone();

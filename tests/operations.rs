@@ -4,6 +4,7 @@
 //!
 //! These tests need `redis-server`, `prometheus` and `promtool` on the PATH and fail, never skip, without them.
 
+#[path = "common/integration.rs"]
 mod common;
 
 use std::collections::BTreeSet;
@@ -347,6 +348,7 @@ fn sigterm_gives_leased_tokens_back_and_healthz_follows_redis() {
     let url = sidecar.url("/v1/acquire");
     let stopped = std::thread::scope(|s| {
         let waiting = s.spawn(|| answer(agent().post(&url).send(nightly)));
+        // real time: waits for the sidecar process to queue the request before it is stopped.
         std::thread::sleep(Duration::from_millis(300));
         let started = std::time::Instant::now();
         let exited = sidecar.terminate();
@@ -364,13 +366,8 @@ fn sigterm_gives_leased_tokens_back_and_healthz_follows_redis() {
     // 3 of the 10 leased tokens were spent; the other 7 went back: 97 are left, not 90 (the refill is 1 per hour).
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let store = tokenlease::RedisStore::connect(&redis.url(), Duration::from_secs(1)).expect("store");
         let rule = tokenlease::Rule::token_bucket("sku_buy", 100, 1, Duration::from_secs(3600)).expect("rule");
-        let limiter = tokenlease::Limiter::builder()
-            .store(std::sync::Arc::new(store))
-            .rule(rule)
-            .build()
-            .expect("limiter");
+        let limiter = common::limiter([rule]).redis(&redis).build();
         let left = limiter.check("sku_buy", "sku:42", 97).await.expect("check");
         assert!(left.allowed, "the unspent leased tokens were not given back: {left:?}");
         assert!(!limiter.check("sku_buy", "sku:42", 1).await.expect("check").allowed);

@@ -2,24 +2,18 @@
 //! on a real Redis. The exact schedules replayed on both stores run inside the crate
 //! (`src/store/tests/queue.rs`).
 
+#[path = "common/integration.rs"]
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokenlease::{Error, Limiter, MemoryStore, RedisStore, Rule, TokioClock};
+use tokenlease::{Error, Limiter, Rule};
 
 #[tokio::test(start_paused = true)]
 async fn token_bucket_acquire_consumes_now_and_pays_later() {
-    let clock = Arc::new(TokioClock::new());
     let rule = Rule::token_bucket("api", 3, 5, Duration::from_secs(1)).expect("rule"); // 5 per second, burst 3
-    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
-    let limiter = Limiter::builder()
-        .clock(clock)
-        .store(store)
-        .rule(rule)
-        .build()
-        .expect("limiter");
+    let limiter = common::limiter([rule]).tokio_clock().build();
     let mut waits = Vec::new();
     for _ in 0..7 {
         waits.push(limiter.acquire("api", "k", 1).await.expect("permit").waited.as_millis());
@@ -50,20 +44,15 @@ async fn token_bucket_acquire_consumes_now_and_pays_later() {
     );
 }
 
-fn paused_limiter(rate: u64, max_wait: Duration) -> Limiter {
-    let clock = Arc::new(TokioClock::new());
+/// A queue of `rate` jobs per second on the in-process store and tokio's (paused) clock.
+fn jobs(rate: u64, max_wait: Duration) -> Limiter {
     let rule = Rule::leaky_bucket("jobs", rate, Duration::from_secs(1), max_wait).expect("rule");
-    Limiter::builder()
-        .clock(clock.clone())
-        .store(Arc::new(MemoryStore::with_clock(clock)))
-        .rule(rule)
-        .build()
-        .expect("limiter")
+    common::limiter([rule]).tokio_clock().build()
 }
 
 #[tokio::test(start_paused = true)]
 async fn grants_are_spaced_exactly_and_served_first_in_first_out() {
-    let limiter = paused_limiter(5, Duration::from_secs(10));
+    let limiter = jobs(5, Duration::from_secs(10));
     let start = tokio::time::Instant::now();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -88,7 +77,7 @@ async fn grants_are_spaced_exactly_and_served_first_in_first_out() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_beyond_max_wait_is_refused_at_once() {
-    let limiter = paused_limiter(2, Duration::from_secs(1)); // 500 ms apart, 1 s of queue
+    let limiter = jobs(2, Duration::from_secs(1)); // 500 ms apart, 1 s of queue
     assert!(
         limiter.try_acquire("jobs", "k", 1).await.expect("try").is_some(),
         "a free slot now"
@@ -131,7 +120,7 @@ async fn a_wait_beyond_max_wait_is_refused_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_acquire_gives_its_place_and_its_slot_back() {
-    let limiter = paused_limiter(1, Duration::from_secs(60)); // 1 per second
+    let limiter = jobs(1, Duration::from_secs(60)); // 1 per second
     assert_eq!(
         limiter.acquire("jobs", "k", 1).await.expect("first").waited,
         Duration::ZERO
@@ -189,14 +178,7 @@ async fn several_limiters_pace_together_on_redis() {
     let server = common::RedisServer::start();
     let rule = Rule::leaky_bucket("jobs", 20, Duration::from_secs(1), Duration::from_secs(10)).expect("rule");
     let limiters: Vec<Limiter> = (0..3)
-        .map(|_| {
-            let store = RedisStore::connect(&server.url(), Duration::from_secs(1)).expect("store");
-            Limiter::builder()
-                .store(Arc::new(store))
-                .rule(rule.clone())
-                .build()
-                .expect("limiter")
-        })
+        .map(|_| common::limiter([rule.clone()]).redis(&server).build())
         .collect();
     let started = Instant::now();
     let mut tasks = Vec::new();

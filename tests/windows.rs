@@ -2,13 +2,14 @@
 //! bad rules, overrides. The exact `now_ms` tables of these algorithms run inside the crate, on both stores
 //! (`src/store/tests/windows.rs`).
 
+#[path = "common/integration.rs"]
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenlease::{Limiter, RedisStore, Rule};
+use tokenlease::{Limiter, Rule};
 
 /// 16 tasks over 2 limiters on one user key admit exactly the limit per window, on Redis (real time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,14 +21,7 @@ async fn sixteen_tasks_over_two_limiters_admit_exactly_the_limit() {
         Rule::sliding_window("upload", 25, Duration::from_secs(600), 10).expect("rule"),
     ];
     let limiters: Vec<Limiter> = (0..2)
-        .map(|_| {
-            let store = RedisStore::connect(&server.url(), Duration::from_secs(2)).expect("store");
-            Limiter::builder()
-                .store(Arc::new(store))
-                .rules(rules.clone())
-                .build()
-                .expect("limiter")
-        })
+        .map(|_| common::limiter(rules.clone()).redis(&server).build())
         .collect();
     for rule in ["post", "like", "upload"] {
         let admitted = Arc::new(AtomicU64::new(0));

@@ -1,5 +1,8 @@
 //! Test helper: a real `redis-server` on a free loopback port, started by the test and stopped on drop.
 //! Tests that need Redis fail loudly when `redis-server` is missing: they never skip silently.
+//!
+//! The crate's own tests (`src/store/tests`) include this file too, so it names nothing of the crate; the
+//! integration tests load it through `integration.rs`, which adds the one `limiter()` helper.
 #![allow(dead_code)]
 pub mod proxy;
 
