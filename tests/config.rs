@@ -174,8 +174,14 @@ fn process_settings_are_read_under_their_name_and_their_old_one() {
         let config = Config::from_toml(&text).expect(section);
         assert_eq!(config.process.max_key_bytes, 64, "[{section}]");
         assert_eq!(config.process.max_local_keys, 7, "[{section}]");
-        assert_eq!(config.process.idle_ttl, std::time::Duration::from_secs(2), "[{section}]");
+        assert_eq!(
+            config.process.idle_ttl,
+            std::time::Duration::from_secs(2),
+            "[{section}]"
+        );
     }
-    let err = Config::from_toml("[process]\nmax_local_keys = 0\n").expect_err("zero keys").to_string();
+    let err = Config::from_toml("[process]\nmax_local_keys = 0\n")
+        .expect_err("zero keys")
+        .to_string();
     assert!(err.contains("[process] `max_local_keys`"), "{err}");
 }
