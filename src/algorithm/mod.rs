@@ -1,7 +1,7 @@
 //! Pure rate-limiting math: no I/O, no clock, no allocation.
 //!
 //! Every function takes the stored state and `now_ms` and returns the new state with a [`Reply`]. This module
-//! is the single source of truth: [`crate::store::MemoryStore`] calls it directly and the scripts in `lua/`
+//! is the single source of truth: the in-process store (`src/store/memory.rs`) calls it directly and the scripts in `lua/`
 //! mirror it line for line, so one test table runs against both stores.
 
 pub mod ban;
