@@ -3,7 +3,6 @@
 //! resharding (`redis-cli --cluster reshard`) in the middle of a run: `MOVED` and `ASK` are followed, no decision
 //! falls back, and no limit is exceeded.
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::collections::HashMap;

@@ -1,6 +1,5 @@
 //! Redis stopped: each fail_mode does what it says, within the timeout, and the limiter recovers by itself.
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

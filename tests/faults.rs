@@ -1,6 +1,5 @@
 //! Redis faults against real redis-server processes: scripts flushed, data flushed, the server frozen.
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

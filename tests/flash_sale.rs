@@ -1,6 +1,5 @@
 //! The main job, end to end: a short multi-process `tokenlease flash-sale` against a real Redis.
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::process::Command;

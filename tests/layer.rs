@@ -3,7 +3,6 @@
 //! requests without a key and limiter errors; costs; shadow rules (and their metrics); `insert_headers` alone.
 //! Long windows throughout, so no test depends on time passing.
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::net::SocketAddr;

@@ -1,7 +1,6 @@
 //! The lease cache against a real Redis: the shared limit holds across limiters, unused tokens go back,
 //! refusals are served locally.
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,5 @@
 //! The limiter records the metrics of the README's metrics table (with a local debugging recorder: no global state).
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::time::Duration;

@@ -4,7 +4,6 @@
 //!
 //! These tests need `redis-server`, `prometheus` and `promtool` on the PATH and fail, never skip, without them.
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::collections::BTreeSet;

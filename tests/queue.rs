@@ -2,7 +2,6 @@
 //! on a real Redis. The exact schedules replayed on both stores run inside the crate
 //! (`src/store/tests/queue.rs`).
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::sync::{Arc, Mutex};

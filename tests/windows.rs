@@ -2,7 +2,6 @@
 //! bad rules, overrides. The exact `now_ms` tables of these algorithms run inside the crate, on both stores
 //! (`src/store/tests/windows.rs`).
 
-#[path = "common/integration.rs"]
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};

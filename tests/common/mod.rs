@@ -1,153 +1,109 @@
-//! Test helper: a real `redis-server` on a free loopback port, started by the test and stopped on drop.
-//! Tests that need Redis fail loudly when `redis-server` is missing: they never skip silently.
-//!
-//! The crate's own tests (`src/store/tests`) include this file too, so it names nothing of the crate; the
-//! integration tests load it through `integration.rs`, which adds the one `limiter()` helper.
+//! The integration tests' helpers: real servers (`server.rs`, which the crate's own store tests in
+//! `src/store/tests` share), the delaying TCP proxy (`proxy.rs`), and [`limiter`], the one way these tests
+//! build a limiter.
 #![allow(dead_code)]
+
 pub mod proxy;
+mod server;
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+pub use server::*;
 
-/// Polls `f` every 50 ms until it gives a value or `limit` has passed.
-pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokenlease::{Clock, FailMode, Limiter, LimiterBuilder, MemoryStore, ProcessConfig, RedisStore, Rule, TokioClock};
+
+/// The call timeout of a Redis store when the test sets no [`TestLimiter::timeout`].
+pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A limiter over `rules`, built with [`TestLimiter::build`]. Unless told otherwise it is what
+/// `Limiter::builder()` makes: the in-process store on the real monotonic clock, default timeout, fail mode and
+/// expected processes.
+///
+/// ```ignore
+/// common::limiter([rule]).tokio_clock().build()                      // waits under start_paused
+/// common::limiter(rules).redis(&server).timeout(T).fail_mode(m).build() // a real redis-server
+/// ```
+pub fn limiter(rules: impl IntoIterator<Item = Rule>) -> TestLimiter {
+    TestLimiter {
+        builder: Limiter::builder().rules(rules),
+        redis: None,
+        clock: None,
+        timeout: None,
     }
 }
 
-/// A running `redis-server`.
-pub struct RedisServer {
-    pub port: u16,
-    child: Option<Child>,
-    dir: PathBuf,
+/// The settings of a test limiter; see [`limiter`].
+#[must_use]
+pub struct TestLimiter {
+    builder: LimiterBuilder,
+    redis: Option<String>,
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Option<Duration>,
 }
 
-/// A loopback port nobody listens on (bound once, then released).
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
-}
-
-impl RedisServer {
-    /// Starts a server on a free port and waits until it answers PING.
-    pub fn start() -> Self {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let mut server = Self { port, child: None, dir };
-        server.spawn();
-        server
+impl TestLimiter {
+    /// On `server` (a `RedisStore` whose calls time out after [`Self::timeout`], else [`REDIS_TIMEOUT`])
+    /// instead of the in-process store.
+    pub fn redis(mut self, server: &RedisServer) -> Self {
+        self.redis = Some(server.url());
+        self
     }
 
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed for these tests (the README's test command installs it)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.cmd(&["PING"]).map(|s| s.contains("PONG")).unwrap_or(false) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    /// On tokio's clock: the limiter's clock and, unless on Redis, the in-process store's. Under
+    /// `#[tokio::test(start_paused = true)]` the paused clock then moves lease deadlines, windows, the store's
+    /// `now` and the sweeper together, with every `tokio::time::sleep` or `advance`.
+    pub fn tokio_clock(self) -> Self {
+        self.clock(Arc::new(TokioClock::new()))
+    }
+
+    /// On `clock` (e.g. a `FakeClock`): the limiter's clock and, unless on Redis, the in-process store's. The
+    /// sweeper still runs on tokio's timer.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The limiter's call timeout, also the Redis store's when on Redis.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The fail mode of rules that do not set one.
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.builder = self.builder.fail_mode(mode);
+        self
+    }
+
+    /// Processes sharing the limits.
+    pub fn expected_processes(mut self, n: u32) -> Self {
+        self.builder = self.builder.expected_processes(n);
+        self
+    }
+
+    /// The process settings (local keys, idle TTL, key length).
+    pub fn process(mut self, process: ProcessConfig) -> Self {
+        self.builder = self.builder.process(process);
+        self
+    }
+
+    /// Builds the limiter (and starts its sweeper: call inside a tokio runtime); panics when it cannot.
+    #[track_caller]
+    pub fn build(self) -> Limiter {
+        let mut builder = self.builder;
+        if let Some(timeout) = self.timeout {
+            builder = builder.timeout(timeout);
         }
-        panic!("redis-server on port {} did not answer within 10 s", self.port);
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Runs a command through `redis-cli` and returns its raw output.
-    pub fn cmd(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Calls of a command so far, from `INFO commandstats` (e.g. "evalsha").
-    pub fn command_calls(&self, command: &str) -> u64 {
-        let info = self.cmd(&["INFO", "commandstats"]).unwrap_or_default();
-        let prefix = format!("cmdstat_{command}:calls=");
-        info.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Script calls so far (EVALSHA and EVAL).
-    pub fn script_calls(&self) -> u64 {
-        self.command_calls("evalsha") + self.command_calls("eval")
-    }
-
-    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
-    pub fn freeze(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Resumes a frozen server (SIGCONT).
-    pub fn thaw(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, sig: &str) {
-        if let Some(child) = &self.child {
-            let status = Command::new("kill")
-                .args([sig, &child.id().to_string()])
-                .status()
-                .expect("kill");
-            assert!(status.success(), "kill {sig}");
+        if let Some(url) = &self.redis {
+            let store = RedisStore::connect(url, self.timeout.unwrap_or(REDIS_TIMEOUT)).expect("a Redis store");
+            builder = builder.store(Arc::new(store));
+        } else if let Some(clock) = &self.clock {
+            builder = builder.store(Arc::new(MemoryStore::with_clock(clock.clone())));
         }
-    }
-
-    /// Stops the server (SIGKILL) and waits for it.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(clock) = self.clock {
+            builder = builder.clock(clock);
         }
-    }
-
-    /// Starts it again on the same port (empty: nothing is persisted).
-    pub fn restart(&mut self) {
-        self.stop();
-        self.spawn();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        builder.build().expect("limiter")
     }
 }

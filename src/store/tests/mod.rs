@@ -2,7 +2,7 @@
 //! runs against both stores through one harness. They start their own `redis-server`, with the helper the
 //! integration tests use.
 
-#[path = "../../../tests/common/mod.rs"]
+#[path = "../../../tests/common/server.rs"]
 mod common;
 mod harness;
 mod queue;
