@@ -25,6 +25,19 @@ pub(super) struct Report {
     pub(super) histogram: String,
 }
 
+impl Report {
+    /// Adds the decision counts of `other` (a task's or a process's) to these.
+    pub(super) fn add_decisions(&mut self, other: &Report) {
+        self.attempts += other.attempts;
+        self.admitted += other.admitted;
+        self.rejected += other.rejected;
+        self.errors += other.errors;
+        self.fallback += other.fallback;
+        self.user_attempts += other.user_attempts;
+        self.user_admitted += other.user_admitted;
+    }
+}
+
 pub(super) fn new_histogram() -> Result<Histogram<u64>, String> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())
 }
@@ -55,13 +68,7 @@ pub(super) fn merge(reports: &[Report]) -> Result<(Report, Histogram<u64>), Stri
         ..Report::default()
     };
     for r in reports {
-        total.attempts += r.attempts;
-        total.admitted += r.admitted;
-        total.rejected += r.rejected;
-        total.errors += r.errors;
-        total.fallback += r.fallback;
-        total.user_attempts += r.user_attempts;
-        total.user_admitted += r.user_admitted;
+        total.add_decisions(r);
         total.redis_calls += r.redis_calls;
         total.leased_tokens += r.leased_tokens;
         total.returned_tokens += r.returned_tokens;

@@ -70,13 +70,7 @@ pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
     let mut hist = new_histogram()?;
     while let Some(joined) = tasks.join_next().await {
         let (r, h) = joined.map_err(|e| e.to_string())??;
-        report.attempts += r.attempts;
-        report.admitted += r.admitted;
-        report.rejected += r.rejected;
-        report.errors += r.errors;
-        report.fallback += r.fallback;
-        report.user_attempts += r.user_attempts;
-        report.user_admitted += r.user_admitted;
+        report.add_decisions(&r);
         report.first_us = report.first_us.min(r.first_us);
         report.last_us = report.last_us.max(r.last_us);
         hist.add(h).map_err(|e| e.to_string())?;
