@@ -39,7 +39,7 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        nanos(self.origin.elapsed())
     }
 }
 
@@ -67,7 +67,7 @@ impl Default for TokioClock {
 
 impl Clock for TokioClock {
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        nanos(self.origin.elapsed())
     }
 }
 
@@ -87,8 +87,7 @@ impl FakeClock {
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        self.now_ns.fetch_add(ns, Ordering::SeqCst);
+        self.now_ns.fetch_add(nanos(by), Ordering::SeqCst);
     }
 }
 
@@ -96,4 +95,9 @@ impl Clock for FakeClock {
     fn now_ns(&self) -> u64 {
         self.now_ns.load(Ordering::SeqCst)
     }
+}
+
+/// Nanoseconds of a duration, saturating ([`Duration::MAX`], "never", stays the largest: `u64::MAX`).
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -103,8 +103,3 @@ pub(crate) fn from_protocol_ms(v: i64) -> Duration {
         Duration::from_millis(u64::try_from(v).unwrap_or(0))
     }
 }
-
-/// Nanoseconds of a duration, saturating ([`Duration::MAX`] stays "never": `u64::MAX`).
-pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}

@@ -32,6 +32,8 @@ pub(crate) struct Fallback {
     ledger: DashMap<String, TokenBucket, foldhash::fast::RandomState>,
     /// At most this many keys in the ledger.
     max_keys: usize,
+    /// Unique members of the local share's sliding-log and leaky-bucket calls.
+    members: Arc<Members>,
     store: Arc<Guarded>,
     background: Arc<Background>,
 }
@@ -41,15 +43,16 @@ impl Fallback {
     pub(crate) fn new(
         store: Arc<Guarded>,
         background: Arc<Background>,
+        members: Arc<Members>,
         shares: MemoryStore,
-        processes: u64,
-        max_keys: usize,
+        (processes, max_keys): (u64, usize),
     ) -> Self {
         Self {
             processes: processes.max(1),
             shares,
             ledger: DashMap::default(),
             max_keys,
+            members,
             store,
             background,
         }
@@ -60,16 +63,14 @@ impl Fallback {
         self.processes
     }
 
-    /// Decides a check by `mode` after the store failed with `error`.
-    #[allow(clippy::too_many_arguments)]
+    /// Decides a check of `cost` tokens of `store_key` by `mode` (the fail mode of `rule`, whose limits for the
+    /// key are `algorithm`) after the store failed with `error`.
     pub(crate) fn decide(
         &self,
-        mode: FailMode,
-        rule: &str,
+        (mode, rule): (FailMode, &str),
         algorithm: &Algorithm,
         store_key: &str,
         cost: u64,
-        members: &Members,
         error: &StoreError,
     ) -> Decision {
         tracing::debug!(%rule, %error, "store failed; deciding by fail_mode");
@@ -78,7 +79,7 @@ impl Fallback {
             FailMode::Open => Decision::bare(true, Duration::ZERO, Source::Fallback),
             FailMode::Closed => Decision::bare(false, backoff, Source::Fallback),
             FailMode::Local => {
-                let call = Call::check(algorithm, store_key, cost, self.processes, members);
+                let call = Call::check(algorithm, store_key, cost, self.processes, &self.members);
                 match self.shares.run_sync(&call) {
                     Ok(reply) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
                         if reply.granted > 0 {

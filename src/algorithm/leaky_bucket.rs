@@ -34,6 +34,15 @@ fn ceil_div_i(a: i128, b: i128) -> i64 {
 }
 
 impl LeakyBucket {
+    /// One process's share of a schedule shared by `processes` processes: `rate` tokens every
+    /// `processes × per_ms`, which is `rate / processes` per period (exact), as [`super::TokenBucket::share`].
+    pub(crate) fn share(&self, processes: u64) -> Self {
+        Self {
+            rate: self.rate,
+            per_ms: self.per_ms.saturating_mul(processes.max(1)),
+        }
+    }
+
     /// Reserves `cost` tokens at `now_ms` when the slot starts within `max_wait_ms`; the reply's
     /// `retry_after_ms` is the wait for the slot (granted) or until the wait would fit (refused).
     pub fn reserve(&self, state: &mut Option<Tat>, cost: u64, max_wait_ms: u64, member: &str, now_ms: u64) -> Reply {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::algorithm::{Reply, TokenBucket};
-use crate::decision::nanos;
+use crate::clock::nanos;
 use crate::rule::Lease;
 
 /// The deadline of no batch: nothing to expire.
@@ -225,7 +225,8 @@ impl LocalBucket {
     /// asks for the whole batch as `min` when the shared bucket is saturated.
     ///
     /// `fair_share` caps the batch; `cost` is what the caller needs.
-    pub(crate) fn plan(&self, lease: &Lease, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
+    pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
+        let lease = &self.lease;
         let mut book = self.lock();
         let available = self.available.load(Ordering::Acquire);
         let spent = book.available_after_lease.saturating_sub(available);
@@ -258,14 +259,8 @@ impl LocalBucket {
     /// Returns `false`, adding nothing, when the bucket is retired or the deadline has already passed (a late
     /// reply): the caller gives the grant back.
     #[must_use = "a grant that is not added must be given back"]
-    pub(crate) fn add(
-        &self,
-        grant: &Reply,
-        deadline_ns: u64,
-        plan: LeasePlan,
-        bucket: &TokenBucket,
-        now_ns: u64,
-    ) -> bool {
+    pub(crate) fn add(&self, grant: &Reply, deadline_ns: u64, plan: LeasePlan, now_ns: u64) -> bool {
+        let bucket = &self.bucket;
         let mut book = self.lock();
         if self.retired.load(Ordering::Acquire) || now_ns >= deadline_ns {
             return false;
@@ -401,35 +396,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn expiry_gives_back_only_what_older_batches_left() {
-        let b = LocalBucket::new(
-            "k".into(),
-            TokenBucket {
-                capacity: 1000,
-                rate: 1,
-                per_ms: 1000,
-            },
-            lease(),
-            0,
-        );
-        let plan = b.plan(&lease(), 1000, 1, 0);
+    /// A key's bucket of 1000 tokens refilled at 1 per second, leased 10 to 100 at a time for 200 ms.
+    fn local_bucket() -> LocalBucket {
         let bucket = TokenBucket {
             capacity: 1000,
             rate: 1,
             per_ms: 1000,
         };
+        LocalBucket::new("k".into(), bucket, lease(), 0)
+    }
+
+    #[test]
+    fn expiry_gives_back_only_what_older_batches_left() {
+        let b = local_bucket();
+        let plan = b.plan(1000, 1, 0);
         let grant = |tokens| Reply {
             granted: tokens,
             remaining: 990,
             retry_after_ms: 0,
             reset_after_ms: 0,
         };
-        assert!(b.add(&grant(10), 200, plan, &bucket, 0));
+        assert!(b.add(&grant(10), 200, plan, 0));
         assert_eq!(b.try_take(4, 10), Take::Taken { remaining: 6 });
-        assert!(b.add(&grant(10), 300, plan, &bucket, 100));
+        assert!(b.add(&grant(10), 300, plan, 100));
         assert!(
-            !b.add(&grant(10), 150, plan, &bucket, 150),
+            !b.add(&grant(10), 150, plan, 150),
             "a reply after its deadline is not added"
         );
         // 16 left: 6 of the first batch, 10 of the second. At 200 the first batch's 6 expire.
@@ -440,27 +431,18 @@ mod tests {
         assert_eq!(b.expire(300), 7);
         assert_eq!(b.available(), 0);
         assert!(!b.has_expired(10_000), "nothing left to expire");
-        assert!(b.add(&grant(5), 20_000, plan, &bucket, 10_000));
+        assert!(b.add(&grant(5), 20_000, plan, 10_000));
         assert_eq!(b.drain(), 5);
         assert!(!b.claim_lease(), "a retired bucket starts no lease");
         assert!(
-            !b.add(&grant(10), 90_000, plan, &bucket, 10_001),
+            !b.add(&grant(10), 90_000, plan, 10_001),
             "nor takes a grant: it goes back"
         );
     }
 
     #[test]
     fn a_refusal_is_cached_until_retry_after() {
-        let b = LocalBucket::new(
-            "k".into(),
-            TokenBucket {
-                capacity: 1000,
-                rate: 1,
-                per_ms: 1000,
-            },
-            lease(),
-            0,
-        );
+        let b = local_bucket();
         b.refused(Duration::from_nanos(50), Duration::ZERO, Duration::ZERO, 100);
         let retry_after = Duration::from_nanos(30);
         assert_eq!(b.try_take(1, 120), Take::Exhausted { retry_after });

@@ -9,14 +9,14 @@ use std::time::Duration;
 use super::bucket::{LocalBucket, Take};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
-use crate::clock::Clock;
+use crate::clock::{nanos, Clock};
 use crate::compiled::Compiled;
 use crate::config::ProcessConfig;
-use crate::decision::{from_protocol_ms, nanos, Decision, Source};
+use crate::decision::{from_protocol_ms, Decision, Source};
 use crate::error::StoreError;
 use crate::fallback::Fallback;
 use crate::rule::{Algorithm, Lease};
-use crate::store::call::{store_key, Call, Members};
+use crate::store::call::{store_key, Call};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
 
@@ -30,7 +30,6 @@ pub(crate) struct Engine {
     pub(crate) fallback: Arc<Fallback>,
     pub(crate) background: Arc<Background>,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) members: Arc<Members>,
     pub(crate) key_prefix: String,
     pub(crate) process: ProcessConfig,
     pub(crate) leased_tokens: AtomicU64,
@@ -170,11 +169,9 @@ impl Engine {
         cost: u64,
         error: &StoreError,
     ) -> Decision {
-        let name = &compiled.rule.name;
-        let algorithm = unleased(bucket);
-        let (mode, members) = (compiled.fail_mode, &self.members);
+        let rule = (compiled.fail_mode, compiled.rule.name.as_str());
         self.fallback
-            .decide(mode, name, &algorithm, &local.store_key, cost, members, error)
+            .decide(rule, &unleased(bucket), &local.store_key, cost, error)
     }
 
     /// Starts the key's lease in the background unless one is in flight; `false` when one already is, the
@@ -205,7 +202,7 @@ impl Engine {
         let sent = clock.now_ns();
         // At most half of this process's share of the burst at once, so the others get theirs.
         let fair_share = bucket.capacity / (2 * self.fallback.processes());
-        let plan = local.plan(lease, fair_share, cost, sent);
+        let plan = local.plan(fair_share, cost, sent);
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
         let call = Call::take(&local.store_key, *bucket, plan.min, plan.max).with_timeout(self.store.timeouts.lease);
@@ -225,7 +222,7 @@ impl Engine {
                 self.leased_tokens.fetch_add(reply.granted, Ordering::Relaxed);
                 // The deadline counts from when the lease was sent: never later than the grant.
                 let deadline = sent.saturating_add(nanos(lease.ttl));
-                if self.background.is_closed() || !local.add(&reply, deadline, plan, bucket, now) {
+                if self.background.is_closed() || !local.add(&reply, deadline, plan, now) {
                     // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
                     self.give_back(compiled, local, reply.granted).await;
                 }

@@ -116,17 +116,11 @@ impl LimiterBuilder {
 
         let background = Arc::new(Background::default());
         let store = Arc::new(Guarded::new(store, clock.clone(), Timeouts::from_call(timeout)));
-        let shares = MemoryStore::with_clock(clock.clone());
-        let processes = u64::from(processes);
-        let fallback = Fallback::new(
-            store.clone(),
-            background.clone(),
-            shares,
-            processes,
-            self.process.max_local_keys,
-        );
-        let fallback = Arc::new(fallback);
         let members = Arc::new(Members::new());
+        let shares = MemoryStore::with_clock(clock.clone());
+        let limits = (u64::from(processes), self.process.max_local_keys);
+        let fallback = Fallback::new(store.clone(), background.clone(), members.clone(), shares, limits);
+        let fallback = Arc::new(fallback);
         let queue = Queue {
             store: store.clone(),
             fallback: fallback.clone(),
@@ -139,7 +133,6 @@ impl LimiterBuilder {
             fallback,
             background,
             clock,
-            members,
             key_prefix,
             process: self.process,
             leased_tokens: AtomicU64::new(0),
@@ -152,6 +145,7 @@ impl LimiterBuilder {
             redis: self.redis,
             engine,
             queue,
+            members,
         });
         // Registered at 0 now, so a scrape shows it before the first sweep.
         telemetry::local_keys(0);

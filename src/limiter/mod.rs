@@ -20,7 +20,7 @@ use crate::error::{Error, StoreError};
 use crate::lease::engine::Engine;
 use crate::queue::Queue;
 use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
-use crate::store::call::{store_key, Call};
+use crate::store::call::{store_key, Call, Members};
 
 mod builder;
 mod lifecycle;
@@ -55,6 +55,8 @@ struct Inner {
     redis: Option<RedisConfig>,
     engine: Arc<Engine>,
     queue: Queue,
+    /// Unique members of direct sliding-log and leaky-bucket calls.
+    members: Arc<Members>,
 }
 
 /// A distributed rate limiter: rules from config or code, decided by a [`crate::Store`] (Redis or in process),
@@ -134,17 +136,15 @@ impl Limiter {
     async fn check_store(&self, compiled: &Compiled, algorithm: &Algorithm, key: &str, cost: u64) -> Decision {
         let engine = &self.inner.engine;
         let store_key = store_key(&engine.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(algorithm, &store_key, cost, 1, &engine.members);
+        let call = Call::check(algorithm, &store_key, cost, 1, &self.inner.members);
         match engine.store.run(&call).await {
             Ok(reply) => {
                 engine.fallback.settle_after_answer(&store_key).await;
                 Decision::from_reply(&reply, cost, engine.store.source())
             }
             Err(e) => {
-                let (mode, name) = (compiled.fail_mode, &compiled.rule.name);
-                engine
-                    .fallback
-                    .decide(mode, name, algorithm, &store_key, cost, &engine.members, &e)
+                let rule = (compiled.fail_mode, compiled.rule.name.as_str());
+                engine.fallback.decide(rule, algorithm, &store_key, cost, &e)
             }
         }
     }

@@ -6,6 +6,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::clock::nanos;
+
 /// The breaker's state, lock-free.
 #[derive(Debug)]
 pub(crate) struct Breaker {
@@ -35,7 +37,7 @@ impl Breaker {
     pub(crate) fn new(failures: u32, open_for: Duration) -> Self {
         Self {
             failures: failures.max(1),
-            open_for_ns: u64::try_from(open_for.as_nanos()).unwrap_or(u64::MAX),
+            open_for_ns: nanos(open_for),
             consecutive: AtomicU32::new(0),
             open_until_ns: AtomicU64::new(0),
             probing: AtomicBool::new(false),

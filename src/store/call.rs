@@ -346,8 +346,9 @@ impl Call {
             Algorithm::LeakyBucket { rate, per_ms, .. } => {
                 let queue = LeakyBucket {
                     rate: *rate,
-                    per_ms: per_ms.saturating_mul(share.max(1)),
-                };
+                    per_ms: *per_ms,
+                }
+                .share(share);
                 Self::reserve(key, queue, cost, 0, members.next())
             }
         }
@@ -368,8 +369,9 @@ impl Call {
             Algorithm::LeakyBucket { rate, per_ms, .. } => {
                 let queue = LeakyBucket {
                     rate: *rate,
-                    per_ms: per_ms.saturating_mul(share.max(1)),
-                };
+                    per_ms: *per_ms,
+                }
+                .share(share);
                 Some(Self::reserve(key, queue, cost, max_wait_ms, members.next()))
             }
             _ => None,
