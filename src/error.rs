@@ -65,6 +65,8 @@ pub enum StoreErrorKind {
     Cluster,
     /// Anything else (a script error, a protocol error).
     Other,
+    /// The circuit breaker is open: the store was not called (never a Redis error).
+    CircuitOpen,
 }
 
 impl StoreErrorKind {
@@ -76,6 +78,7 @@ impl StoreErrorKind {
             Self::NoScript => "noscript",
             Self::Cluster => "cluster",
             Self::Other => "other",
+            Self::CircuitOpen => "circuit_open",
         }
     }
 }
@@ -112,6 +115,42 @@ impl StoreError {
             self.kind,
             StoreErrorKind::Timeout | StoreErrorKind::Io | StoreErrorKind::Cluster
         )
+    }
+}
+
+/// Why a decision was made by `fail_mode` (invariant 13 of docs/ARCHITECTURE.md: only the store's own failures
+/// count, never a caller's long wait for a lease in flight); the `reason` label of
+/// `tokenlease_fail_mode_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailReason {
+    /// The store answered with an error (connection, script, READONLY, OOM, ...).
+    Error = 0,
+    /// The store call did not answer within its timeout.
+    Timeout = 1,
+    /// The circuit breaker is open: the store was not called.
+    CircuitOpen = 2,
+}
+
+impl FailReason {
+    /// Every reason, in the order of their index.
+    pub(crate) const ALL: [FailReason; 3] = [Self::Error, Self::Timeout, Self::CircuitOpen];
+
+    /// The reason a store `error` gives.
+    pub(crate) fn of(error: &StoreError) -> Self {
+        match error.kind {
+            StoreErrorKind::Timeout => Self::Timeout,
+            StoreErrorKind::CircuitOpen => Self::CircuitOpen,
+            _ => Self::Error,
+        }
+    }
+
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Timeout => "timeout",
+            Self::CircuitOpen => "circuit_open",
+        }
     }
 }
 

@@ -7,11 +7,14 @@
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, SharedString, Unit};
 
 use crate::decision::Source;
-use crate::error::StoreErrorKind;
+use crate::error::{FailReason, StoreErrorKind};
 
 /// Decisions, by `rule`, `outcome` (`allowed`/`rejected`, or `shadow_rejected` for a refusal a shadow rule turned
 /// into an allowance) and `source` (`local`/`redis`/`memory`/`fallback`).
 pub const DECISIONS_TOTAL: &str = "tokenlease_decisions_total";
+/// Decisions made by `fail_mode` because the store failed, by `rule` and `reason` (`error`/`timeout`/
+/// `circuit_open`); a caller that only waited long for a lease in flight is not one of them.
+pub const FAIL_MODE_DECISIONS_TOTAL: &str = "tokenlease_fail_mode_decisions_total";
 /// Lease calls to the store, by `rule` and `result` (`granted`/`partial`/`refused`/`error`).
 pub const LEASES_TOTAL: &str = "tokenlease_leases_total";
 /// Tokens leased from the store, by `rule`.
@@ -48,6 +51,11 @@ pub fn describe() {
         DECISIONS_TOTAL,
         Unit::Count,
         "Rate-limit decisions by rule, outcome (allowed, rejected, shadow_rejected) and source (local, redis, memory, fallback)"
+    );
+    describe_counter!(
+        FAIL_MODE_DECISIONS_TOTAL,
+        Unit::Count,
+        "Decisions made by fail_mode because the store failed, by rule and reason (error, timeout, circuit_open)"
     );
     describe_counter!(
         LEASES_TOTAL,
@@ -94,6 +102,8 @@ pub(crate) struct RuleMetrics {
     allowed: [Counter; 4],
     rejected: [Counter; 4],
     shadow_rejected: [Counter; 4],
+    /// Per [`FailReason`], in [`FailReason::ALL`]'s order.
+    pub(crate) fail_mode: [Counter; 3],
     pub(crate) lease_granted: Counter,
     pub(crate) lease_partial: Counter,
     pub(crate) lease_refused: Counter,
@@ -114,6 +124,8 @@ impl RuleMetrics {
             allowed: Source::ALL.map(|s| decision("allowed", s)),
             rejected: Source::ALL.map(|s| decision("rejected", s)),
             shadow_rejected: Source::ALL.map(|s| decision("shadow_rejected", s)),
+            fail_mode: FailReason::ALL
+                .map(|r| counter!(FAIL_MODE_DECISIONS_TOTAL, "rule" => rule.clone(), "reason" => r.as_str())),
             lease_granted: lease("granted"),
             lease_partial: lease("partial"),
             lease_refused: lease("refused"),

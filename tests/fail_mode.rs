@@ -65,6 +65,9 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
         let d = timed(&l, rule, "before").await;
         assert!(d.allowed && d.source == Source::Redis, "{rule}: {d:?}");
     }
+    // The local share starts from this process's part of the last level Redis reported for the key.
+    let d = timed(&l, "local", "u").await;
+    assert!(d.allowed && d.remaining == 7, "{d:?}");
     assert_eq!(timed(&l, "leased_closed", "k").await.source, Source::Local);
 
     server.stop();
@@ -74,14 +77,18 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
         let d = timed(&l, "closed", "u").await;
         assert!(!d.allowed && d.source == Source::Fallback, "closed: {d:?}");
     }
-    // local: this process alone enforces its share, 8 / 4 expected processes = 2 tokens.
+    // local: this process alone enforces its share of the 7 tokens Redis last reported, 7 / 4 expected
+    // processes = 1.75 tokens: 1 whole token (the refill, 1 per hour, adds nothing meanwhile).
     let mut allowed = 0;
     for _ in 0..20 {
         let d = timed(&l, "local", "u").await;
         assert_eq!(d.source, Source::Fallback);
         allowed += u32::from(d.allowed);
     }
-    assert_eq!(allowed, 2, "the local share of a capacity of 8 over 4 processes");
+    assert_eq!(allowed, 1, "a quarter of the 7 tokens left");
+    // A key Redis never reported to this process starts empty: what the others took is unknown.
+    let d = timed(&l, "local", "never-seen").await;
+    assert!(!d.allowed && d.source == Source::Fallback, "{d:?}");
     // A leased key spends what it already holds, then refuses (closed) once a lease fails.
     let mut leased_allowed = 0;
     for _ in 0..50 {
@@ -158,19 +165,30 @@ async fn admitted_by(l: &Limiter, rule: &str, key: &str, source: Source, calls: 
 async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
     let mut server = common::RedisServer::start();
     let l = on_redis(&server);
+    // Redis reports the keys' levels: 8 − 1 = 7 left, and 100 − the first lease.
+    assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 1).await, 1);
+    assert_eq!(admitted_by(&l, "leased_local", "k", Source::Redis, 1).await, 1);
+    let leased = l.stats().leased_tokens;
+    assert!((1..=10).contains(&leased), "{leased}");
     server.stop();
-    // Alone, the process admits its share: capacity 8 / 4 processes = 2; 100 / 4 = 25 for the leased rule.
-    assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 2);
-    assert_eq!(admitted_by(&l, "leased_local", "k", Source::Fallback, 40).await, 25);
+    // Alone, the process admits its share of what Redis last reported: 7 / 4 processes = 1.75, so 1; and a
+    // quarter of what the lease left for the leased rule (after spending the leased tokens, source Local).
+    assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 1);
+    let share = u32::try_from((100 - leased) / 4).expect("small");
+    assert_eq!(admitted_by(&l, "leased_local", "k", Source::Fallback, 40).await, share);
 
-    // Redis is back (empty: its buckets are full, as they would be after a long partition). What the process
-    // admitted alone is charged to them, so the shared limit holds across the outage: 8 − 2 and 100 − 25 more,
-    // not another 8 and 100. The refill (1 per hour) adds nothing in between.
+    // Redis is back, without the keys (no persistence: its buckets are full, as they would be after a long
+    // partition). What the process admitted alone is charged before anything else is decided, so the shared
+    // limit is not a second burst: 8 − 1 and 100 − the share more, not another 8 and 100. The refill (1 per
+    // hour) adds nothing in between.
     server.restart();
-    assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 12).await, 6);
-    // Leased: at most 75; under a batch (10) may stay in Redis, since a saturated key waits for a whole batch.
-    let leased = admitted_by(&l, "leased_local", "k", Source::Redis, 120).await;
-    assert!((65..=75).contains(&leased), "admitted {leased} after the outage");
+    assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 12).await, 7);
+    // Leased: under a batch (10) may stay in Redis, since a saturated key waits for a whole batch.
+    let after = admitted_by(&l, "leased_local", "k", Source::Redis, 120).await;
+    assert!(
+        (90 - share..=100 - share).contains(&after),
+        "admitted {after} after the outage"
+    );
     l.shutdown().await;
 }
 
@@ -180,8 +198,9 @@ async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
 async fn shutdown_charges_what_local_mode_admitted_alone() {
     let mut server = common::RedisServer::start();
     let l = on_redis(&server);
+    assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 1).await, 1);
     server.stop();
-    assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 2);
+    assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 1);
     server.restart();
     // Redis answers again (seen through another key, so that "k" is settled by the shutdown alone).
     admitted_by(&l, "local", "other", Source::Redis, 1).await;
@@ -190,8 +209,8 @@ async fn shutdown_charges_what_local_mode_admitted_alone() {
     let next = on_redis(&server);
     assert_eq!(
         admitted_by(&next, "local", "k", Source::Redis, 12).await,
-        6,
-        "8 − the 2 admitted alone"
+        7,
+        "8 (Redis lost the key) − the 1 admitted alone"
     );
     next.shutdown().await;
 }

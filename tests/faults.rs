@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use tokenlease::{FailMode, Limiter, Rule, Source};
+use tokenlease::{FailMode, Lease, Limiter, Rule, Source};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -86,6 +86,11 @@ async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
         assert_eq!((d.allowed, d.source), (false, Source::Fallback));
     }
     assert_eq!(l.store_calls(), calls, "an open breaker sends nothing");
+    let stats = l.stats();
+    // 5 calls timed out, then the breaker opened for the other 5 of the loop and the 1000.
+    assert_eq!(stats.fail_mode_timeouts, 5, "{stats:?}");
+    assert_eq!(stats.fail_mode_circuit_open, 1005, "{stats:?}");
+    assert_eq!(stats.fail_mode_errors, 0, "{stats:?}");
     assert!(
         started.elapsed() < TIMEOUT,
         "1000 calls answered in {:?}",
@@ -104,4 +109,68 @@ async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
         assert!(Instant::now() < deadline, "never recovered after SIGCONT");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Invariant 13: a lease slower than callers wait (a 60 ms round trip through a delaying proxy, callers waiting
+/// 2 × 20 ms + 5 ms, the lease itself 200 ms) is not a failed store. The callers that give up are refused
+/// locally with a short retry_after, nothing is decided by fail_mode, and the lease's tokens serve the next
+/// callers. A direct call slower than its own timeout is a store timeout, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_lease_is_not_a_failed_store() {
+    let server = common::RedisServer::start();
+    let proxy = common::proxy::DelayProxy::start(server.port, Duration::ZERO);
+    let lease = Lease {
+        min_batch: 10,
+        max_batch: 10,
+        ttl: Duration::from_secs(60),
+    };
+    let rules = [
+        Rule::token_bucket("leased", 100, 1, Duration::from_secs(3600))
+            .and_then(|r| r.with_lease(lease))
+            .expect("rule")
+            .with_fail_mode(FailMode::Open),
+        Rule::token_bucket("direct", 100, 1, Duration::from_secs(3600))
+            .expect("rule")
+            .with_fail_mode(FailMode::Open),
+    ];
+    let l = common::limiter(rules)
+        .redis_url(&proxy.url())
+        .timeout(Duration::from_millis(20))
+        .build();
+    // Connected, and the scripts loaded, before the network slows down.
+    for rule in ["leased", "direct"] {
+        let d = l.check(rule, "warm", 1).await.expect("check");
+        assert!(d.allowed && d.source != Source::Fallback, "{rule}: {d:?}");
+    }
+    proxy.set_delay(Duration::from_millis(30));
+    let d = l.check("leased", "k", 1).await.expect("check");
+    assert_eq!(
+        (d.allowed, d.source),
+        (false, Source::Local),
+        "gave up on the slow lease: {d:?}"
+    );
+    assert!(d.retry_after <= Duration::from_millis(1), "{d:?}");
+    // The lease goes on and lands: its tokens serve the next callers, locally.
+    // real time: waits for the delaying proxy.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = l.check("leased", "k", 1).await.expect("check");
+        assert_ne!(d.source, Source::Fallback, "{d:?}");
+        if d.allowed {
+            assert_eq!(d.source, Source::Local);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slow lease never landed");
+    }
+    assert_eq!(
+        l.stats().fail_mode_timeouts + l.stats().fail_mode_errors,
+        0,
+        "{:?}",
+        l.stats()
+    );
+
+    let d = l.check("direct", "k", 1).await.expect("check");
+    assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
+    assert_eq!(l.stats().fail_mode_timeouts, 1, "{:?}", l.stats());
+    l.shutdown().await;
 }

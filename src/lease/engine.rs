@@ -15,13 +15,16 @@ use crate::config::ProcessConfig;
 use crate::decision::{from_protocol_ms, Decision, Source};
 use crate::error::StoreError;
 use crate::fallback::Fallback;
-use crate::rule::{Algorithm, Lease};
+use crate::rule::{Algorithm, FailMode, Lease};
 use crate::store::call::{store_key, Call};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
 
 /// How long a "never" from the shared bucket is cached locally before asking again.
 const NEVER_RECHECK: Duration = Duration::from_secs(1);
+
+/// The retry_after of a caller refused because the lease it waited for is slow.
+const SLOW_LEASE_RETRY: Duration = Duration::from_millis(1);
 
 /// What leasing needs: the store, the fail modes, the clock, and the counters of leased and returned tokens.
 #[derive(Debug)]
@@ -34,6 +37,13 @@ pub(crate) struct Engine {
     pub(crate) process: ProcessConfig,
     pub(crate) leased_tokens: AtomicU64,
     pub(crate) returned_tokens: AtomicU64,
+}
+
+/// A caller refused briefly, locally: the lease it waited for is slow, or its bucket went away under it.
+fn refused_briefly(local: &LocalBucket, now: u64) -> Decision {
+    let mut refused = Decision::bare(false, SLOW_LEASE_RETRY, Source::Local);
+    refused.reset_after = Duration::from_nanos(local.reset_after_ns(now));
+    refused
 }
 
 /// A leased bucket's algorithm without its lease: what the fail mode runs in its stead.
@@ -117,8 +127,7 @@ impl Engine {
                 // Evicted or reloaded under us: go on with the key's current bucket (a new one if none).
                 local = self.local_bucket(compiled, bucket, lease, key);
                 if local.is_retired() || self.background.is_closed() {
-                    let error = StoreError::timeout("token_bucket", Duration::ZERO);
-                    return self.fall_back(compiled, bucket, &local, cost, &error);
+                    return refused_briefly(&local, clock.now_ns());
                 }
             }
             let now = clock.now_ns();
@@ -134,9 +143,7 @@ impl Engine {
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
-                let mut refused = Decision::bare(false, Duration::from_millis(1), Source::Local);
-                refused.reset_after = Duration::from_nanos(local.reset_after_ns(now));
-                return refused;
+                return refused_briefly(&local, now);
             }
             local.mark_starved();
             let notified = local.notify.notified();
@@ -153,10 +160,9 @@ impl Engine {
             }
             let wait = Duration::from_nanos(give_up_at.saturating_sub(now));
             if tokio::time::timeout(wait, notified).await.is_err() {
-                // The store is slow: the next callers decide by fail_mode at once while the lease goes on.
-                local.failed(timeouts.backoff, clock.now_ns());
-                let error = StoreError::timeout("token_bucket", timeouts.lease_wait);
-                return self.fall_back(compiled, bucket, &local, cost, &error);
+                // The lease is slow, not failed (invariant 13): refuse this caller briefly, locally; the key
+                // goes to fail_mode only if the lease itself fails or times out.
+                return refused_briefly(&local, clock.now_ns());
             }
         }
     }
@@ -169,9 +175,8 @@ impl Engine {
         cost: u64,
         error: &StoreError,
     ) -> Decision {
-        let rule = (compiled.fail_mode, compiled.rule.name.as_str());
         self.fallback
-            .decide(rule, &unleased(bucket), &local.store_key, cost, error)
+            .decide(compiled, &unleased(bucket), &local.store_key, cost, error)
     }
 
     /// Starts the key's lease in the background unless one is in flight; `false` when one already is, the
@@ -206,8 +211,14 @@ impl Engine {
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
         let call = Call::take(&local.store_key, *bucket, plan.min, plan.max).with_timeout(self.store.timeouts.lease);
-        let result = self.store.run(&call).await;
-        let answered = result.is_ok();
+        // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
+        let result = match self.fallback.settle(&local.store_key).await {
+            Ok(()) => self.store.run(&call).await,
+            Err(error) => Err(error),
+        };
+        if let (Ok(reply), FailMode::Local) = (&result, compiled.fail_mode) {
+            self.fallback.report(&local.store_key, *bucket, reply.remaining);
+        }
         let now = clock.now_ns();
         tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, "lease");
         let m = &compiled.metrics;
@@ -241,10 +252,6 @@ impl Engine {
                 tracing::debug!(rule = %compiled.rule.name, %error, "lease failed");
                 local.failed(self.store.timeouts.backoff, now);
             }
-        }
-        if answered {
-            // Still holding the key's lease slot: its next lease waits for the debit.
-            self.fallback.settle_after_answer(&local.store_key).await;
         }
     }
 

@@ -119,7 +119,13 @@ impl LimiterBuilder {
         let members = Arc::new(Members::new());
         let shares = MemoryStore::with_clock(clock.clone());
         let limits = (u64::from(processes), self.process.max_local_keys);
-        let fallback = Fallback::new(store.clone(), background.clone(), members.clone(), shares, limits);
+        let fallback = Fallback::new(
+            (store.clone(), clock.clone()),
+            background.clone(),
+            members.clone(),
+            shares,
+            limits,
+        );
         let fallback = Arc::new(fallback);
         let queue = Queue {
             store: store.clone(),

@@ -41,7 +41,7 @@ impl Limiter {
     /// One pass of the sweeper: expire overdue leases, evict idle keys, forget settled debits, update gauges.
     fn sweep(&self) {
         self.inner.engine.sweep(&self.all_compiled());
-        self.inner.engine.fallback.sweep();
+        self.inner.engine.fallback.sweep(self.inner.engine.process.idle_ttl);
     }
 
     /// Stops the limiter: later calls get [`crate::Error::ShutDown`]; leases in flight finish; every leased
@@ -57,10 +57,8 @@ impl Limiter {
         }
         // What the local share admitted alone and is not charged yet is charged now, so a restart right after an
         // outage is no second burst either (a debit that fails now is lost with the process).
-        for (store_key, bucket) in engine.fallback.drain() {
-            let fallback = Arc::clone(&engine.fallback);
-            returns.spawn(async move { fallback.settle(store_key, bucket).await });
-        }
+        let fallback = Arc::clone(&engine.fallback);
+        returns.spawn(async move { fallback.settle_all().await });
         while returns.join_next().await.is_some() {}
     }
 }

@@ -43,6 +43,13 @@ pub struct LimiterStats {
     pub leased_tokens: u64,
     /// Leased tokens given back unused.
     pub returned_tokens: u64,
+    /// Decisions made by `fail_mode` because the store answered with an error.
+    pub fail_mode_errors: u64,
+    /// Decisions made by `fail_mode` because a store call timed out (a caller's long wait for a lease in flight
+    /// is not one: it is refused locally).
+    pub fail_mode_timeouts: u64,
+    /// Decisions made by `fail_mode` because the circuit breaker was open (the store was not called).
+    pub fail_mode_circuit_open: u64,
 }
 
 #[derive(Debug)]
@@ -137,15 +144,19 @@ impl Limiter {
         let engine = &self.inner.engine;
         let store_key = store_key(&engine.key_prefix, &compiled.rule.name, key);
         let call = Call::check(algorithm, &store_key, cost, 1, &self.inner.members);
-        match engine.store.run(&call).await {
+        // What fail_mode local admitted alone is charged first, so this call's answer counts it (invariant 12).
+        let result = match engine.fallback.settle(&store_key).await {
+            Ok(()) => engine.store.run(&call).await,
+            Err(error) => Err(error),
+        };
+        match result {
             Ok(reply) => {
-                engine.fallback.settle_after_answer(&store_key).await;
+                if let (Algorithm::TokenBucket { bucket, .. }, FailMode::Local) = (algorithm, compiled.fail_mode) {
+                    engine.fallback.report(&store_key, *bucket, reply.remaining);
+                }
                 Decision::from_reply(&reply, cost, engine.store.source())
             }
-            Err(e) => {
-                let rule = (compiled.fail_mode, compiled.rule.name.as_str());
-                engine.fallback.decide(rule, algorithm, &store_key, cost, &e)
-            }
+            Err(e) => engine.fallback.decide(compiled, algorithm, &store_key, cost, &e),
         }
     }
 
@@ -346,10 +357,14 @@ impl Limiter {
     /// Counters of this limiter since it was built (also exported as metrics).
     pub fn stats(&self) -> LimiterStats {
         let engine = &self.inner.engine;
+        let [fail_mode_errors, fail_mode_timeouts, fail_mode_circuit_open] = engine.fallback.decided();
         LimiterStats {
             store_calls: engine.store.calls(),
             leased_tokens: engine.leased_tokens.load(Ordering::Relaxed),
             returned_tokens: engine.returned_tokens.load(Ordering::Relaxed),
+            fail_mode_errors,
+            fail_mode_timeouts,
+            fail_mode_circuit_open,
         }
     }
 

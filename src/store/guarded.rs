@@ -68,11 +68,11 @@ impl Guarded {
     /// Runs a call unless the breaker is open.
     ///
     /// # Errors
-    /// The store's error, or one of kind `Other` when the breaker is open (the store was not called).
+    /// The store's error, or one of kind `CircuitOpen` when the breaker is open (the store was not called).
     pub(crate) async fn run(&self, call: &Call) -> Result<Reply, StoreError> {
         if self.breaker.admit(self.clock.now_ns()) == Admit::No {
             return Err(StoreError {
-                kind: StoreErrorKind::Other,
+                kind: StoreErrorKind::CircuitOpen,
                 script: call.script().name(),
                 message: "circuit open: the store failed repeatedly; not called".into(),
                 source: None,

@@ -50,6 +50,12 @@ impl TestLimiter {
         self
     }
 
+    /// On the Redis at `url` (a proxy in front of a server, say).
+    pub fn redis_url(mut self, url: &str) -> Self {
+        self.redis = Some(url.to_owned());
+        self
+    }
+
     /// On tokio's clock: the limiter's clock and, unless on Redis, the in-process store's. Under
     /// `#[tokio::test(start_paused = true)]` the paused clock then moves lease deadlines, windows, the store's
     /// `now` and the sweeper together, with every `tokio::time::sleep` or `advance`.

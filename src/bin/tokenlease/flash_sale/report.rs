@@ -13,8 +13,12 @@ pub(super) struct Report {
     pub(super) admitted: u64,
     pub(super) rejected: u64,
     pub(super) errors: u64,
-    /// Decisions made by the rule's fail_mode because the store failed or timed out.
+    /// Hot-key decisions made by the rule's fail_mode because the store failed.
     pub(super) fallback: u64,
+    /// All decisions made by fail_mode, by why: a store error, a store call's timeout, the breaker open.
+    pub(super) fail_mode_errors: u64,
+    pub(super) fail_mode_timeouts: u64,
+    pub(super) fail_mode_circuit_open: u64,
     pub(super) user_attempts: u64,
     pub(super) user_admitted: u64,
     pub(super) redis_calls: u64,
@@ -72,6 +76,9 @@ pub(super) fn merge(reports: &[Report]) -> Result<(Report, Histogram<u64>), Stri
         total.redis_calls += r.redis_calls;
         total.leased_tokens += r.leased_tokens;
         total.returned_tokens += r.returned_tokens;
+        total.fail_mode_errors += r.fail_mode_errors;
+        total.fail_mode_timeouts += r.fail_mode_timeouts;
+        total.fail_mode_circuit_open += r.fail_mode_circuit_open;
         if r.attempts > 0 {
             total.first_us = total.first_us.min(r.first_us);
             total.last_us = total.last_us.max(r.last_us);

@@ -62,10 +62,11 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
         100.0 * total.admitted as f64 / bound
     );
     println!("  rejected              {}", total.rejected);
-    if total.fallback > 0 {
+    let fail_mode = total.fail_mode_errors + total.fail_mode_timeouts + total.fail_mode_circuit_open;
+    if total.fallback > 0 || fail_mode > 0 {
         println!(
-            "  decided by fail_mode  {} (the store failed or timed out)",
-            total.fallback
+            "  decided by fail_mode  {} of the hot key; {fail_mode} in all: {} store errors, {} timeouts, {} breaker open",
+            total.fallback, total.fail_mode_errors, total.fail_mode_timeouts, total.fail_mode_circuit_open
         );
     }
     if total.errors > 0 {
@@ -113,6 +114,11 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             "rejected": total.rejected,
             "errors": total.errors,
             "fallback": total.fallback,
+            "fail_mode": {
+                "error": total.fail_mode_errors,
+                "timeout": total.fail_mode_timeouts,
+                "circuit_open": total.fail_mode_circuit_open,
+            },
             "user_attempts": total.user_attempts,
             "user_admitted": total.user_admitted,
             "bound": bound,

@@ -80,6 +80,9 @@ pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
     report.redis_calls = stats.store_calls;
     report.leased_tokens = stats.leased_tokens;
     report.returned_tokens = stats.returned_tokens;
+    report.fail_mode_errors = stats.fail_mode_errors;
+    report.fail_mode_timeouts = stats.fail_mode_timeouts;
+    report.fail_mode_circuit_open = stats.fail_mode_circuit_open;
     report.histogram = encode_histogram(&hist)?;
     Ok(report)
 }

@@ -1,0 +1,202 @@
+//! What the limiter does while the store fails: the rule's `fail_mode`.
+//!
+//! - `open` allows every call, `closed` refuses every call (retry after the back-off);
+//! - `local` gives each process its *local share* of the rule (`1 / expected_processes` of the capacity and the
+//!   rate, or of the window's limit), enforced alone in process. A token bucket's share is one continuous bucket
+//!   per key that follows what the store reports and owes what it admits ([`share`]); the debt is charged to the
+//!   shared bucket (a debit of `token_return.lua`) before the key's next lease or call, or at shutdown, so the
+//!   return to the shared limit is not a second burst on top of the local one (invariant 12 of
+//!   docs/ARCHITECTURE.md).
+//!
+//! Only a store error or a store call's own timeout brings a key here; a caller that merely waited long for a
+//! lease in flight is refused locally by the lease engine (invariant 13).
+
+mod share;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{Reply, TokenBucket, NEVER};
+use crate::background::Background;
+use crate::clock::Clock;
+use crate::compiled::Compiled;
+use crate::decision::{Decision, Source};
+use crate::error::{FailReason, StoreError};
+use crate::rule::{Algorithm, FailMode};
+use crate::store::call::{Call, Members};
+use crate::store::guarded::Guarded;
+use crate::store::MemoryStore;
+use share::Shares;
+
+/// The fail modes' state: the local shares and what they owe.
+#[derive(Debug)]
+pub(crate) struct Fallback {
+    /// Processes sharing the limits: the local share is `1 / processes` of them.
+    processes: u64,
+    /// The token buckets' local shares and their debts.
+    buckets: Shares,
+    /// The other algorithms' local shares, in process.
+    windows: MemoryStore,
+    /// Unique members of the local share's sliding-log and leaky-bucket calls.
+    members: Arc<Members>,
+    /// Decisions made by `fail_mode`, per [`FailReason`].
+    decided: [AtomicU64; 3],
+    clock: Arc<dyn Clock>,
+    store: Arc<Guarded>,
+    background: Arc<Background>,
+}
+
+impl Fallback {
+    /// The fail modes over `store`, for `processes` processes, remembering at most `max_keys` token-bucket
+    /// shares; the window algorithms' shares live in `windows`.
+    pub(crate) fn new(
+        (store, clock): (Arc<Guarded>, Arc<dyn Clock>),
+        background: Arc<Background>,
+        members: Arc<Members>,
+        windows: MemoryStore,
+        (processes, max_keys): (u64, usize),
+    ) -> Self {
+        Self {
+            processes: processes.max(1),
+            buckets: Shares::new(processes, max_keys),
+            windows,
+            members,
+            decided: Default::default(),
+            clock,
+            store,
+            background,
+        }
+    }
+
+    /// Processes sharing the limits.
+    pub(crate) fn processes(&self) -> u64 {
+        self.processes
+    }
+
+    /// Decisions made by `fail_mode` so far, per [`FailReason`] (in [`FailReason::ALL`]'s order).
+    pub(crate) fn decided(&self) -> [u64; 3] {
+        self.decided.each_ref().map(|n| n.load(Ordering::Relaxed))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ns() / 1_000_000
+    }
+
+    /// Decides a check of `cost` tokens of `store_key` by the fail mode of `compiled` (whose limits for the key
+    /// are `algorithm`) after the store failed with `error`.
+    pub(crate) fn decide(
+        &self,
+        compiled: &Compiled,
+        algorithm: &Algorithm,
+        store_key: &str,
+        cost: u64,
+        error: &StoreError,
+    ) -> Decision {
+        let reason = FailReason::of(error);
+        self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
+        compiled.metrics.fail_mode[reason as usize].increment(1);
+        tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
+        let backoff = self.store.timeouts.backoff;
+        let refused = Decision::bare(false, backoff, Source::Fallback);
+        match compiled.fail_mode {
+            FailMode::Open => Decision::bare(true, Duration::ZERO, Source::Fallback),
+            FailMode::Closed => refused,
+            FailMode::Local => {
+                let reply = match algorithm {
+                    Algorithm::TokenBucket { bucket, .. } => {
+                        self.buckets.take(store_key, *bucket, cost, self.now_ms()).ok_or(())
+                    }
+                    _ => {
+                        let call = Call::check(algorithm, store_key, cost, self.processes, &self.members);
+                        self.windows.run_sync(&call).map_err(|_| ())
+                    }
+                };
+                match reply {
+                    Ok(reply) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
+                        Decision::from_reply(&reply, cost, Source::Fallback)
+                    }
+                    _ => refused,
+                }
+            }
+        }
+    }
+
+    /// Runs a reservation (of `acquire`) in this process's local share.
+    ///
+    /// # Errors
+    /// The in-process store's error for arguments out of range.
+    pub(crate) fn run_local(&self, call: &Call) -> Result<Reply, StoreError> {
+        self.windows.run_sync(call)
+    }
+
+    /// The store answered for `store_key` of a `local` rule with `remaining` tokens left in its shared
+    /// `bucket`: the key's local share is lowered to this process's part of that.
+    pub(crate) fn report(&self, store_key: &str, bucket: TokenBucket, remaining: u64) {
+        self.buckets.report(store_key, bucket, remaining, self.now_ms());
+    }
+
+    /// Before a store call for `store_key`: charges the shared bucket with what the key's local share admitted
+    /// alone, so that the call's answer already counts it. The charge runs as a task of its own, so a caller
+    /// dropped meanwhile loses nothing. Nothing owed (the common case) costs one load.
+    ///
+    /// # Errors
+    /// The debit's store error (the tokens stay owed): the caller's call would most likely fail too.
+    pub(crate) async fn settle(self: &Arc<Self>, store_key: &str) -> Result<(), StoreError> {
+        if !self.buckets.any_owed() {
+            return Ok(());
+        }
+        let Some((bucket, tokens)) = self.buckets.take_owed(store_key) else {
+            return Ok(());
+        };
+        let this = self.clone();
+        let key = store_key.to_owned();
+        match self
+            .background
+            .spawn(async move { this.charge(&key, bucket, tokens).await })
+            .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout("token_return", Duration::ZERO)),
+        }
+    }
+
+    /// Charges `tokens` owed by `store_key` to its shared `bucket` (a debit of `token_return.lua`, which may put
+    /// the bucket in debt down to −capacity); what the bucket cannot absorb yet stays owed for the next charge.
+    async fn charge(&self, store_key: &str, bucket: TokenBucket, tokens: u64) -> Result<(), StoreError> {
+        let debit = i64::try_from(tokens).unwrap_or(i64::MAX);
+        // As a lease: a debit timed out after Redis applied it would be applied again.
+        let call = Call::give_back(store_key, bucket, -debit).with_timeout(self.store.timeouts.lease);
+        match self.store.run(&call).await {
+            Ok(reply) => {
+                let carried = tokens.saturating_sub(reply.granted);
+                tracing::debug!(key = %store_key, tokens, carried, "charged what fail_mode local admitted");
+                self.buckets.owe(store_key, bucket, carried, self.now_ms());
+                self.report(store_key, bucket, reply.remaining);
+                Ok(())
+            }
+            Err(error) => {
+                self.buckets.owe(store_key, bucket, tokens, self.now_ms());
+                Err(error)
+            }
+        }
+    }
+
+    /// Forgets the local shares untouched for `idle` that owe nothing (the sweeper's pass).
+    pub(crate) fn sweep(&self, idle: Duration) {
+        let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+        self.buckets.sweep(self.now_ms(), idle_ms);
+    }
+
+    /// Charges everything owed, key by key, for shutdown; a charge that fails now is lost with the process.
+    pub(crate) async fn settle_all(self: &Arc<Self>) {
+        let mut charges = tokio::task::JoinSet::new();
+        for key in self.buckets.owing_keys() {
+            if let Some((bucket, tokens)) = self.buckets.take_owed(&key) {
+                let this = self.clone();
+                charges.spawn(async move { this.charge(&key, bucket, tokens).await });
+            }
+        }
+        while charges.join_next().await.is_some() {}
+    }
+}

@@ -1,0 +1,246 @@
+//! The local shares of token buckets under `fail_mode = "local"`, and the debits they owe (invariant 12 of
+//! docs/ARCHITECTURE.md).
+//!
+//! A key's share is one continuous token bucket per process: `capacity / expected_processes` tokens refilled at
+//! `rate / expected_processes` ([`TokenBucket::share`]). It is never refilled at once: every answer of the store
+//! for the key lowers it to this process's part of the level the store reported, it refills at its rate while
+//! the store is away, and a key the store never reported starts empty (what the other processes took is
+//! unknown). What it admits alone is *owed*: charged to the shared bucket when the store answers again, the part
+//! the bucket cannot absorb yet carried to the next charge, so no debit is dropped.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+
+use crate::algorithm::{Reply, TokenBucket, TokenBucketState};
+
+/// One key's share and debt.
+#[derive(Debug)]
+struct Share {
+    /// The shared bucket's parameters (the share's are `bucket.share(processes)`).
+    bucket: TokenBucket,
+    /// The share's state; `None` when full.
+    state: Option<TokenBucketState>,
+    /// Tokens admitted alone and not charged to the shared bucket yet.
+    owed: u64,
+    /// When the share was last reported or taken from, in ms of the limiter's clock.
+    touched_ms: u64,
+}
+
+/// The local shares of this process's token-bucket keys, at most `max_keys` of them.
+#[derive(Debug)]
+pub(crate) struct Shares {
+    map: DashMap<String, Share, foldhash::fast::RandomState>,
+    processes: u64,
+    max_keys: usize,
+    /// Tokens owed over all keys: zero (the common case) costs callers one load.
+    owed: AtomicU64,
+}
+
+impl Shares {
+    /// Shares of a limit among `processes` processes, remembering at most `max_keys` keys.
+    pub(crate) fn new(processes: u64, max_keys: usize) -> Self {
+        Self {
+            map: DashMap::default(),
+            processes: processes.max(1),
+            max_keys,
+            owed: AtomicU64::new(0),
+        }
+    }
+
+    /// The store reported `remaining` tokens in the shared bucket of `key` at `now_ms`: the share is lowered to
+    /// `remaining / processes` tokens, never raised. A key not yet known is remembered while there is room.
+    pub(crate) fn report(&self, key: &str, bucket: TokenBucket, remaining: u64, now_ms: u64) {
+        let share = bucket.share(self.processes);
+        // remaining / processes tokens in units of 1 / share.per_ms = remaining × per_ms units (exact).
+        let part = i64::try_from(remaining.saturating_mul(bucket.per_ms)).unwrap_or(i64::MAX);
+        let lowered = |state: Option<TokenBucketState>| {
+            let mut s = share.refill(state, now_ms);
+            s.level = s.level.min(part);
+            s
+        };
+        if let Some(mut entry) = self.map.get_mut(key) {
+            // Reloaded: the new parameters start from the reported level.
+            let state = if entry.bucket == bucket { entry.state } else { None };
+            entry.bucket = bucket;
+            entry.state = Some(lowered(state));
+            entry.touched_ms = now_ms;
+        } else if self.map.len() < self.max_keys {
+            self.map.insert(
+                key.to_owned(),
+                Share {
+                    bucket,
+                    state: Some(lowered(None)),
+                    owed: 0,
+                    touched_ms: now_ms,
+                },
+            );
+        }
+    }
+
+    /// Takes `cost` tokens of `key`'s share at `now_ms` while the store fails; what is granted is owed. A key
+    /// the store never reported starts empty. `None` when the key is not known and there is no room for it:
+    /// what it admitted could not be remembered, so nothing is admitted.
+    pub(crate) fn take(&self, key: &str, bucket: TokenBucket, cost: u64, now_ms: u64) -> Option<Reply> {
+        let share = bucket.share(self.processes);
+        let mut entry = match self.map.get_mut(key) {
+            Some(entry) => entry,
+            None if self.map.len() < self.max_keys => {
+                let mut empty = share.refill(None, now_ms);
+                empty.level = 0;
+                self.map.entry(key.to_owned()).or_insert(Share {
+                    bucket,
+                    state: Some(empty),
+                    owed: 0,
+                    touched_ms: now_ms,
+                })
+            }
+            None => return None,
+        };
+        if entry.bucket != bucket {
+            // Reloaded while the store failed: what is known of the old parameters does not carry over.
+            let mut empty = share.refill(None, now_ms);
+            empty.level = 0;
+            entry.bucket = bucket;
+            entry.state = Some(empty);
+        }
+        let (state, reply) = share.take(entry.state, cost, cost, now_ms);
+        entry.state = state;
+        entry.touched_ms = now_ms;
+        if reply.granted > 0 {
+            entry.owed = entry.owed.saturating_add(reply.granted);
+            self.owed.fetch_add(reply.granted, Ordering::AcqRel);
+        }
+        Some(reply)
+    }
+
+    /// Whether any key owes tokens.
+    #[inline]
+    pub(crate) fn any_owed(&self) -> bool {
+        self.owed.load(Ordering::Acquire) > 0
+    }
+
+    /// Takes what `key` owes, to charge it: its shared bucket and the tokens; `None` when it owes nothing.
+    pub(crate) fn take_owed(&self, key: &str) -> Option<(TokenBucket, u64)> {
+        let mut entry = self.map.get_mut(key)?;
+        let tokens = std::mem::take(&mut entry.owed);
+        if tokens == 0 {
+            return None;
+        }
+        self.owed.fetch_sub(tokens, Ordering::AcqRel);
+        Some((entry.bucket, tokens))
+    }
+
+    /// Puts back `tokens` that `key` still owes (a charge that failed, or the part the bucket could not absorb).
+    /// Kept even when the map is full: a debt is never dropped.
+    pub(crate) fn owe(&self, key: &str, bucket: TokenBucket, tokens: u64, now_ms: u64) {
+        if tokens == 0 {
+            return;
+        }
+        let mut entry = self.map.entry(key.to_owned()).or_insert_with(|| {
+            let mut empty = bucket.share(self.processes).refill(None, now_ms);
+            empty.level = 0;
+            Share {
+                bucket,
+                state: Some(empty),
+                owed: 0,
+                touched_ms: now_ms,
+            }
+        });
+        entry.owed = entry.owed.saturating_add(tokens);
+        self.owed.fetch_add(tokens, Ordering::AcqRel);
+    }
+
+    /// Forgets the keys untouched for `idle_ms` that owe nothing. Forgetting is always on the safe side: a key
+    /// not known starts empty.
+    pub(crate) fn sweep(&self, now_ms: u64, idle_ms: u64) {
+        self.map
+            .retain(|_, s| s.owed > 0 || now_ms.saturating_sub(s.touched_ms) < idle_ms);
+    }
+
+    /// Every key that owes tokens (for shutdown, when all of it is charged).
+    pub(crate) fn owing_keys(&self) -> Vec<String> {
+        self.map
+            .iter()
+            .filter(|e| e.owed > 0)
+            .map(|e| e.key().clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 10 tokens at 10 per second, shared by 2 processes: a share of 5 tokens at 5 per second.
+    const BUCKET: TokenBucket = TokenBucket {
+        capacity: 10,
+        rate: 10,
+        per_ms: 1000,
+    };
+
+    fn granted(shares: &Shares, cost: u64, now_ms: u64) -> u64 {
+        shares.take("k", BUCKET, cost, now_ms).map_or(0, |r| r.granted)
+    }
+
+    #[test]
+    fn a_key_never_reported_starts_empty_and_refills_at_its_share_of_the_rate() {
+        let shares = Shares::new(2, 10);
+        let refused = shares.take("k", BUCKET, 1, 0).expect("room");
+        assert_eq!((refused.granted, refused.retry_after_ms), (0, 200));
+        assert_eq!(granted(&shares, 1, 199), 0);
+        assert_eq!(granted(&shares, 1, 200), 1);
+        // Five tokens a second, never more than the share's capacity of 5.
+        assert_eq!(granted(&shares, 5, 10_000), 5);
+        assert_eq!(granted(&shares, 1, 10_000), 0);
+    }
+
+    #[test]
+    fn a_report_lowers_the_share_to_its_part_of_the_level_and_never_raises_it() {
+        let shares = Shares::new(2, 10);
+        shares.report("k", BUCKET, 6, 0);
+        assert_eq!(granted(&shares, 3, 0), 3);
+        assert_eq!(granted(&shares, 1, 0), 0);
+        // The store says full: the share stays where it was (empty), refilling at 5 per second.
+        shares.report("k", BUCKET, 10, 0);
+        assert_eq!(granted(&shares, 1, 0), 0);
+        assert_eq!(granted(&shares, 1, 200), 1);
+        // An episode's end does not refill it either: a report of an empty bucket empties it.
+        shares.report("k", BUCKET, 0, 1_000);
+        assert_eq!(granted(&shares, 1, 1_000), 0);
+    }
+
+    #[test]
+    fn what_a_share_grants_is_owed_until_taken_and_put_back_when_a_charge_fails() {
+        let shares = Shares::new(2, 10);
+        shares.report("k", BUCKET, 10, 0);
+        assert!(!shares.any_owed());
+        assert_eq!(granted(&shares, 2, 0), 2);
+        assert_eq!(granted(&shares, 1, 0), 1);
+        assert!(shares.any_owed());
+        assert_eq!(shares.take_owed("k"), Some((BUCKET, 3)));
+        assert_eq!(shares.take_owed("k"), None);
+        assert!(!shares.any_owed());
+        shares.owe("k", BUCKET, 2, 0);
+        assert_eq!(shares.take_owed("k"), Some((BUCKET, 2)));
+    }
+
+    #[test]
+    fn the_sweep_forgets_idle_keys_but_never_a_debt_and_a_full_map_admits_no_new_key() {
+        let shares = Shares::new(2, 2);
+        shares.report("a", BUCKET, 10, 0);
+        shares.report("k", BUCKET, 10, 0);
+        assert_eq!(granted(&shares, 1, 0), 1);
+        // Full: a third key is neither remembered nor admitted, but a debt is always kept.
+        shares.report("c", BUCKET, 10, 0);
+        assert!(shares.take("c", BUCKET, 1, 0).is_none());
+        shares.owe("d", BUCKET, 4, 0);
+        assert_eq!(shares.map.len(), 3);
+        shares.sweep(60_000, 60_000);
+        assert_eq!(shares.owing_keys().len(), 2);
+        assert_eq!(shares.map.len(), 2, "`a` was idle and owed nothing");
+        let mut owing = shares.owing_keys();
+        owing.sort();
+        assert_eq!(owing, ["d", "k"]);
+    }
+}
