@@ -29,6 +29,8 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     dir: PathBuf,
+    /// Arguments after the defaults (later ones win): `--appendonly yes`, `--maxmemory 2mb`, ...
+    extra: Vec<String>,
 }
 
 /// A loopback port nobody listens on (bound once, then released).
@@ -40,10 +42,22 @@ pub fn free_port() -> u16 {
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with `extra` arguments after the defaults (no persistence), e.g.
+    /// `["--appendonly", "yes", "--appendfsync", "always"]`: a restart then reloads what was written.
+    pub fn start_with(extra: &[&str]) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let mut server = Self { port, child: None, dir };
+        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+        let mut server = Self {
+            port,
+            child: None,
+            dir,
+            extra,
+        };
         server.spawn();
         server
     }
@@ -62,6 +76,7 @@ impl RedisServer {
             ])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -137,7 +152,7 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port (empty: nothing is persisted).
+    /// Starts it again on the same port and directory (empty unless started with persistence).
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
