@@ -9,7 +9,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::proxy::DelayProxy;
@@ -30,7 +30,7 @@ const BEFORE: Duration = Duration::from_millis(1500);
 const AFTER: Duration = Duration::from_millis(2000);
 
 /// One run at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn rule() -> Rule {
     let lease = Lease {
@@ -158,13 +158,10 @@ fn assert_within(name: &str, sale: &Sale, lost: u64) {
     );
 }
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_appendfsync_always_down_5_s() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let url = server.url();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -183,7 +180,7 @@ async fn kill_9_with_appendfsync_always_down_5_s() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_without_persistence_loses_one_capacity_at_most() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     let url = server.url();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -200,7 +197,7 @@ async fn kill_9_without_persistence_loses_one_capacity_at_most() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_2_s() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let server = Arc::new(RedisServer::start());
     let frozen = server.clone();
     let sale = sale(&server.url(), move || {
@@ -215,7 +212,7 @@ async fn sigstop_2_s() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_pause_2_s() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let server = Arc::new(RedisServer::start());
     let paused = server.clone();
     let sale = sale(&server.url(), move || {
@@ -241,21 +238,21 @@ async fn slow_network(one_way: Duration) -> Sale {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_network_adding_5_ms_each_way() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let sale = slow_network(Duration::from_millis(5)).await;
     assert_within("proxy +5 ms each way", &sale, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_network_adding_20_ms_each_way() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let sale = slow_network(Duration::from_millis(20)).await;
     assert_within("proxy +20 ms each way", &sale, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_loses_one_capacity_at_most() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let server = Arc::new(RedisServer::start());
     let flushed = server.clone();
     let sale = sale(&server.url(), move || {
@@ -267,7 +264,7 @@ async fn flushall_loses_one_capacity_at_most() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let server = Arc::new(RedisServer::start());
     let flushed = server.clone();
     let sale = sale(&server.url(), move || {
@@ -280,7 +277,7 @@ async fn script_flush() {
 /// Out of memory under `noeviction` (the advised policy): writes fail with OOM for 2 s; nothing is evicted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_under_noeviction() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let server = Arc::new(RedisServer::start_with(&["--maxmemory-policy", "noeviction"]));
     let full = server.clone();
     let sale = sale(&server.url(), move || {
