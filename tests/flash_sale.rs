@@ -132,12 +132,17 @@ fn per_user_window_rules_run_too() {
         "--redis",
         &url,
     ]);
-    let fallback = report["fallback"].as_u64().expect("fallback");
+    // Decisions by fail_mode (hot key and users; a window rule's local share is not charged back) may admit
+    // beyond the limit; every other decision is Redis's.
+    let fail_mode: u64 = ["error", "timeout", "circuit_open"]
+        .iter()
+        .map(|r| report["fail_mode"][r].as_u64().expect("fail_mode counts"))
+        .sum();
     let admitted = report["admitted"].as_u64().expect("admitted");
-    assert!(admitted <= 10 + fallback, "{report}");
+    assert!(admitted <= 10 + fail_mode, "{report}");
     assert!(admitted >= 10, "{report}");
     let users = report["user_admitted"].as_u64().expect("user_admitted");
-    assert!(users <= 50 * 10 + fallback, "{report}");
+    assert!(users <= 50 * 10 + fail_mode, "{report}");
     assert!(users > 0, "{report}");
     assert_eq!(report["capacity"], 10);
 }
