@@ -158,7 +158,6 @@ fn assert_within(name: &str, sale: &Sale, lost: u64) {
     );
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_appendfsync_always_down_5_s() {
     let _serial = SERIAL.lock().await;

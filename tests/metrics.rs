@@ -132,6 +132,19 @@ async fn redis_errors_are_counted_by_kind() {
         counter(&snap, "tokenlease_decisions_total", &[("source", "fallback")]),
         1
     );
+    // The connection was refused: a store error, not a timeout.
+    let why = |reason| {
+        counter(
+            &snap,
+            "tokenlease_fail_mode_decisions_total",
+            &[("rule", "post"), ("reason", reason)],
+        )
+    };
+    assert_eq!(
+        (why("error"), why("timeout"), why("circuit_open")),
+        (1, 0, 0),
+        "{snap:#?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
