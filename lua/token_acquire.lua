@@ -4,7 +4,7 @@
 -- tokens, deepening the debt for the next one. Same hash as token_bucket.lua, whose callers are refused while
 -- the bucket is in debt.
 --
--- KEYS[1]  the bucket (a hash: level = tokens × per_ms, negative in debt; ts; per)
+-- KEYS[1]  the bucket (a hash: level = tokens × per_ms, negative in debt; ts; per, capacity, rate)
 -- ARGV[1]  capacity     tokens, integer ≥ 1
 -- ARGV[2]  rate         tokens added per per_ms, integer ≥ 0
 -- ARGV[3]  per_ms       integer ≥ 1
@@ -19,7 +19,11 @@
 --   retry_after_ms  granted: how long to wait before using the tokens (the debt ahead); refused: until the
 --                   wait would fit in max_wait_ms, -1 never
 --   reset_after_ms  until the bucket is full again
--- Mirrors TokenBucket::acquire in src/algorithm/token_bucket.rs.
+-- The time since the last call refills (or repays the debt) at the parameters the hash records, then the level is
+-- converted to this call's, as in token_bucket.lua (invariant 11): a debt taken at the old rate is repaid at it until
+-- the change (Guava's testBurstyAndUpdate). A refusal writes nothing unless that conversion happened.
+-- Mirrors TokenBucket::acquire in src/algorithm/token_bucket.rs, which gives the same replies and stores the same
+-- state.
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
@@ -28,6 +32,53 @@ local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a|
 end
 local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
 local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+local function gcd(a, b) -- greatest common divisor of integers ≥ 1
+  while b > 0 do a, b = b, a - idiv(a, b) * b end
+  return a
+end
+-- `level` in 1/`from` token as 1/`to` token, rounded down: with g = gcd(from, to), o = from / g, p = to / g
+-- and level = q·o + r, it is q·p + floor(r·p / o), exact; where o·p reaches 2^53 the second term (under a token)
+-- is dropped.
+local function rescale(level, from, to)
+  if from == to then return level end
+  local g = gcd(from, to)
+  local o, p = idiv(from, g), idiv(to, g)
+  local q = idiv(level, o)
+  if o * p < 9007199254740992 then return q * p + idiv((level - q * o) * p, o) end
+  return q * p
+end
+-- The bucket at `now` in this call's parameters (invariant 11): nil when missing (full); else the stored level
+-- refilled since ts at the parameters it was computed with, capped at that capacity, then rescaled to this per and
+-- capped at this capacity. A key written before capacity and rate were recorded reads them as this call's. The third
+-- value says whether it was computed with this call's parameters (a call that changes nothing then writes nothing).
+local function load_bucket(key, capacity, rate, per, now)
+  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate')
+  local level, ts = tonumber(s[1]), tonumber(s[2])
+  if level == nil or ts == nil then return nil, now, true end
+  local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
+  local was_rate = tonumber(s[5]) or rate
+  if was_per < 1 then was_per = per end
+  if now > ts then
+    level = level + (now - ts) * was_rate
+    ts = now
+  end
+  if level > was_capacity * was_per then level = was_capacity * was_per end
+  level = rescale(level, was_per, per)
+  if level > capacity * per then level = capacity * per end
+  return level, ts, was_per == per and was_capacity == capacity and was_rate == rate
+end
+-- Stores the bucket with the parameters it is computed with. A full bucket is deleted (it equals a missing key); any
+-- other expires when it would be full again, never at rate 0 (expiring would refill a stock).
+local function save_bucket(key, level, ts, capacity, rate, per)
+  local full = capacity * per
+  if level >= full then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity),
+    'rate', int(rate))
+  if rate == 0 then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, int(cdiv(full - level, rate))) end
+end
 
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -45,36 +96,23 @@ if not now then
 end
 
 local full = capacity * per
-local state = redis.call('HMGET', KEYS[1], 'level', 'ts', 'per')
-local level, ts, old_per = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
-if level == nil or ts == nil then
-  level, ts = full, now
-else
-  if old_per and old_per ~= per and old_per > 0 then level = idiv(level * per, old_per) end
-  if now > ts then
-    level = level + (now - ts) * rate
-    ts = now
-  end
-  if level > full then level = full end
-end
+local level, ts, same = load_bucket(KEYS[1], capacity, rate, per, now)
+if level == nil then level = full end
 local function reset_after_of(l)
   if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
 end
 local function left(l) if l < 0 then return 0 end return idiv(l, per) end
 
 if cost > capacity or (rate == 0 and level < cost * per) then
+  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
   return { 0, left(level), -1, reset_after_of(level) }
 end
 local wait = 0
 if level < 0 then wait = cdiv(-level, rate) end
 if wait > max_wait then
+  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
   return { 0, left(level), wait - max_wait, reset_after_of(level) }
 end
 level = level - cost * per
-if level >= full then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('HSET', KEYS[1], 'level', int(level), 'ts', int(ts), 'per', int(per))
-  if rate == 0 then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], int(reset_after_of(level))) end
-end
+save_bucket(KEYS[1], level, ts, capacity, rate, per)
 return { cost, left(level), wait, reset_after_of(level) }

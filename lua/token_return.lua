@@ -1,20 +1,25 @@
 -- token_return.lua — give leased but unused tokens back to a token bucket, capped at its capacity; or, with a
 -- negative count, charge it with tokens admitted elsewhere (a debit).
 --
--- KEYS[1]  the bucket (same hash as token_bucket.lua: level = tokens × per_ms, ts, per)
+-- KEYS[1]  the bucket (same hash as token_bucket.lua: level = tokens × per_ms, ts, per, capacity, rate)
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
 -- ARGV[4]  tokens     tokens given back, integer; negative: a debit of that many tokens, admitted by a process
 --                     on its own (fail_mode "local") while Redis failed, so that its return to the shared
---                     bucket is not a second burst. A debit may put the bucket in debt, down to −capacity.
+--                     bucket is not a second burst. A debit charges whole tokens down to −capacity (or leaves
+--                     a deeper debt of token_acquire.lua as it is: a debit never adds) and says how many it
+--                     charged; the caller carries the rest and charges it once the bucket has refilled.
 -- ARGV[5]  now_ms     optional; when absent the Redis server's TIME is used
 --
 -- Reply: { accepted, remaining, 0, reset_after_ms }
---   accepted        whole tokens actually added (what would overflow the capacity is dropped); 0 for a debit
+--   accepted        given back: whole tokens actually added (what would overflow the capacity is dropped);
+--                   a debit: whole tokens actually charged, 0 to -tokens (the rest is the caller's to carry)
 --   remaining       whole tokens in the bucket afterwards (0 in debt)
 --   reset_after_ms  ms until the bucket is full again; -1 when never (rate 0)
--- A missing key is a full bucket: nothing can be added to it. Mirrors src/algorithm/token_bucket.rs.
+-- A missing key is a full bucket: nothing can be added to it. The time since the last call refills at the
+-- parameters the hash records, then the level is converted to this call's, as in token_bucket.lua (invariant 11).
+-- Mirrors src/algorithm/token_bucket.rs, which gives the same replies and stores the same state.
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
@@ -23,6 +28,53 @@ local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a|
 end
 local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
 local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+local function gcd(a, b) -- greatest common divisor of integers ≥ 1
+  while b > 0 do a, b = b, a - idiv(a, b) * b end
+  return a
+end
+-- `level` in 1/`from` token as 1/`to` token, rounded down: with g = gcd(from, to), o = from / g, p = to / g
+-- and level = q·o + r, it is q·p + floor(r·p / o), exact; where o·p reaches 2^53 the second term (under a token)
+-- is dropped.
+local function rescale(level, from, to)
+  if from == to then return level end
+  local g = gcd(from, to)
+  local o, p = idiv(from, g), idiv(to, g)
+  local q = idiv(level, o)
+  if o * p < 9007199254740992 then return q * p + idiv((level - q * o) * p, o) end
+  return q * p
+end
+-- The bucket at `now` in this call's parameters (invariant 11): nil when missing (full); else the stored level
+-- refilled since ts at the parameters it was computed with, capped at that capacity, then rescaled to this per and
+-- capped at this capacity. A key written before capacity and rate were recorded reads them as this call's. The third
+-- value says whether it was computed with this call's parameters (a call that changes nothing then writes nothing).
+local function load_bucket(key, capacity, rate, per, now)
+  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate')
+  local level, ts = tonumber(s[1]), tonumber(s[2])
+  if level == nil or ts == nil then return nil, now, true end
+  local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
+  local was_rate = tonumber(s[5]) or rate
+  if was_per < 1 then was_per = per end
+  if now > ts then
+    level = level + (now - ts) * was_rate
+    ts = now
+  end
+  if level > was_capacity * was_per then level = was_capacity * was_per end
+  level = rescale(level, was_per, per)
+  if level > capacity * per then level = capacity * per end
+  return level, ts, was_per == per and was_capacity == capacity and was_rate == rate
+end
+-- Stores the bucket with the parameters it is computed with. A full bucket is deleted (it equals a missing key); any
+-- other expires when it would be full again, never at rate 0 (expiring would refill a stock).
+local function save_bucket(key, level, ts, capacity, rate, per)
+  local full = capacity * per
+  if level >= full then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity),
+    'rate', int(rate))
+  if rate == 0 then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, int(cdiv(full - level, rate))) end
+end
 
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -39,18 +91,11 @@ if not now then
 end
 
 local full = capacity * per
-local state = redis.call('HMGET', KEYS[1], 'level', 'ts', 'per')
-local level, ts, old_per = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
-if level == nil or ts == nil then
+local level, ts = load_bucket(KEYS[1], capacity, rate, per, now)
+if level == nil then
   if n >= 0 then return { 0, capacity, 0, 0 } end
-  level, ts = full, now
+  level = full
 end
-if old_per and old_per ~= per and old_per > 0 then level = idiv(level * per, old_per) end
-if now > ts then
-  level = level + (now - ts) * rate
-  ts = now
-end
-if level > full then level = full end
 
 local accepted = 0
 if n >= 0 then
@@ -59,20 +104,18 @@ if n >= 0 then
   if level > full then level = full end
   accepted = idiv(level, per) - before
 else
-  -- Not below -capacity, nor below where it was (token_acquire.lua's debt may be deeper): a debit never adds.
+  -- Whole tokens, down to -capacity, or not at all below a deeper debt (token_acquire.lua's): a debit never adds.
   local floor = -full
   if level < floor then floor = level end
-  level = level + n * per
-  if level < floor then level = floor end
+  accepted = idiv(level - floor, per)
+  if accepted > -n then accepted = -n end
+  level = level - accepted * per
 end
 
+save_bucket(KEYS[1], level, ts, capacity, rate, per)
 local reset_after = 0
-if level >= full then
-  redis.call('DEL', KEYS[1])
-else
+if level < full then
   if rate == 0 then reset_after = -1 else reset_after = cdiv(full - level, rate) end
-  redis.call('HSET', KEYS[1], 'level', int(level), 'ts', int(ts), 'per', int(per))
-  if rate == 0 then redis.call('PERSIST', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], int(reset_after)) end
 end
 local remaining = idiv(level, per)
 if remaining < 0 then remaining = 0 end -- still in debt

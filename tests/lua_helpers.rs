@@ -238,6 +238,51 @@ fn time_preamble_is_identical_in_every_script() {
     check(failures);
 }
 
+/// The scripts that share the token bucket's hash, and the functions that read, convert and write it.
+const TOKEN_SCRIPTS: [&str; 3] = ["token_bucket.lua", "token_return.lua", "token_acquire.lua"];
+const TOKEN_STATE: [&str; 4] = ["gcd", "rescale", "load_bucket", "save_bucket"];
+
+/// One bucket, one reading of it: a state written by any token script (and one written before the hash recorded
+/// its parameters) is refilled, converted after a reload and stored by the same code in each (invariant 11).
+#[test]
+fn token_scripts_read_convert_and_store_the_bucket_alike() {
+    let mut failures = Vec::new();
+    let all = scripts();
+    let text = |name: &str| {
+        all.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.as_str())
+            .unwrap_or_default()
+    };
+    for name in TOKEN_STATE {
+        let Some((_, canonical)) = definition(TOKEN_SCRIPTS[0], text(TOKEN_SCRIPTS[0]), name) else {
+            failures.push(format!("lua/{} does not define {name}", TOKEN_SCRIPTS[0]));
+            continue;
+        };
+        for script in &TOKEN_SCRIPTS[1..] {
+            match definition(script, text(script), name) {
+                None => failures.push(format!("lua/{script} does not define {name}")),
+                Some((line, found)) if found != canonical => failures.push(format!(
+                    "lua/{script}:{}: {name} differs from token_bucket.lua's (- token_bucket.lua, + {script}):\n{}",
+                    line + 1,
+                    difference(&canonical, &found)
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    for script in TOKEN_SCRIPTS {
+        let t = text(script);
+        let other_writes = t.lines().filter(|l| code(l).contains("redis.call('HSET'")).count();
+        if other_writes != 1 || !t.contains("save_bucket(KEYS[1]") || !t.contains("load_bucket(KEYS[1]") {
+            failures.push(format!(
+                "lua/{script} must read the bucket with load_bucket and write it only with save_bucket"
+            ));
+        }
+    }
+    check(failures);
+}
+
 #[test]
 fn no_math_floor_outside_idiv() {
     let mut failures = Vec::new();

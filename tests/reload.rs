@@ -1,9 +1,12 @@
 //! Hot reload: new rules swap in atomically; unchanged rules keep their leases; changed limits apply to existing
 //! keys; removed rules answer UnknownRule; a bad reload changes nothing.
 
-use std::time::Duration;
+mod common;
 
-use tokenlease::{Config, Error, Limiter};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokenlease::{Config, Error, FakeClock, Limiter};
 
 const BEFORE: &str = r#"
 [[rule]]
@@ -146,5 +149,61 @@ async fn reloads_do_not_disturb_calls_in_flight() {
     for t in tasks {
         t.await.expect("no call failed or panicked");
     }
+    limiter.shutdown().await;
+}
+
+/// A token bucket of 10 at `{rate}` per `{per}` without a lease: every check is a store call.
+const SALE: &str = r#"
+[[rule]]
+name = "sale"
+algorithm = "token_bucket"
+capacity = 10
+rate = {rate}
+per = "{per}"
+"#;
+
+fn sale(rate: u64, per: &str) -> Config {
+    let text = SALE.replace("{rate}", &rate.to_string()).replace("{per}", per);
+    Config::from_toml(&text).expect("config")
+}
+
+/// Issue 11's peer case through the public API (invariant 11): a bucket of 10 at 1/s drained at 0, reloaded to
+/// 10/s at 900 ms (a refused check is the first call to see it), then ten checks at 1 s. The 900 ms before the
+/// reload refill at 1/s (0.9 token) and the 100 ms after it at 10/s (1 token): one check passes. Ten did when the
+/// whole second was refilled at the new rate.
+#[tokio::test]
+async fn a_reload_raising_the_rate_does_not_admit_a_burst() {
+    let clock = FakeClock::default();
+    let limiter = common::limiter(sale(1, "1s").rules)
+        .clock(Arc::new(clock.clone()))
+        .build();
+    assert_eq!(allowed(&limiter, "sale", "k", 11).await, 10);
+    clock.advance(Duration::from_millis(900));
+    limiter.reload(sale(10, "1s")).expect("reload");
+    let d = limiter.check("sale", "k", 1).await.expect("check");
+    assert_eq!((d.allowed, d.retry_after), (false, Duration::from_millis(10)));
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(allowed(&limiter, "sale", "k", 10).await, 1);
+    limiter.shutdown().await;
+}
+
+/// The same on a real Redis, on its clock: 10 per hour drained, reloaded to 10 per second a second later. The
+/// second before the reload refills at 10 per hour (0.003 token), so the checks after it admit only what 10 per
+/// second refills while they run: one per 100 ms they took. Refilled at the new rate, that second was 10 tokens.
+#[tokio::test]
+async fn a_reload_raising_the_rate_on_redis_does_not_admit_a_burst() {
+    let server = common::RedisServer::start();
+    let limiter = common::limiter(sale(10, "1h").rules).redis(&server).build();
+    assert_eq!(allowed(&limiter, "sale", "k", 11).await, 10);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    limiter.reload(sale(10, "1s")).expect("reload");
+    let start = Instant::now();
+    let admitted = allowed(&limiter, "sale", "k", 10).await;
+    let refilled = usize::try_from(start.elapsed().as_millis() / 100).unwrap_or(usize::MAX);
+    assert!(
+        admitted <= 1 + refilled,
+        "{admitted} of 10 checks admitted within {:?} of a reload",
+        start.elapsed()
+    );
     limiter.shutdown().await;
 }

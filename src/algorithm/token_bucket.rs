@@ -22,13 +22,49 @@ pub struct TokenBucket {
 /// The stored state of one bucket: what the Redis hash holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenBucketState {
-    /// Tokens × `per_ms` (so that refill is exact). Negative while the bucket is in debt (see
+    /// Tokens × `bucket.per_ms` (so that refill is exact). Negative while the bucket is in debt (see
     /// [`TokenBucket::acquire`]).
     pub level: i64,
     /// Milliseconds at which `level` was computed.
     pub ts_ms: u64,
-    /// The `per_ms` the level is counted in: a rule reloaded with another period rescales it.
-    pub per_ms: u64,
+    /// The parameters `level` was computed with (the hash's `capacity`, `rate`, `per`): after a reload the time
+    /// since `ts_ms` refills at these, then the level is converted to the new ones (invariant 11).
+    pub bucket: TokenBucket,
+}
+
+impl TokenBucketState {
+    /// Milliseconds at which this bucket is full again at the parameters it records (when the Redis key expires:
+    /// a script stores it with `PEXPIRE` of that rest); `None` at rate 0, which never refills.
+    pub(crate) fn full_at_ms(&self) -> Option<u64> {
+        let rest = u64::try_from(self.bucket.reset_after(self.level)).ok()?;
+        Some(self.ts_ms.saturating_add(rest))
+    }
+}
+
+/// Euclid's greatest common divisor of `a, b ≥ 1`.
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b > 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// `level`, counted in 1/`from` token, counted in 1/`to` token, rounded down. With `g = gcd(from, to)`,
+/// `o = from / g`, `p = to / g` and `level = q·o + r` (`0 ≤ r < o`), it is `q·p + ⌊r·p / o⌋`, every term exact
+/// in the scripts' doubles; where `o·p` reaches 2^53 the second term (less than one token) is dropped, as the
+/// scripts do.
+fn rescale(level: i64, from: u64, to: u64) -> i64 {
+    if from == to || from == 0 {
+        return level;
+    }
+    let g = gcd(from, to);
+    let (o, p) = (i128::from(from / g), i128::from(to / g));
+    let (q, r) = (i128::from(level).div_euclid(o), i128::from(level).rem_euclid(o));
+    let mut scaled = q * p;
+    if (o * p) < i128::from(MAX_EXACT) {
+        scaled += (r * p).div_euclid(o);
+    }
+    i64::try_from(scaled).unwrap_or(if scaled < 0 { i64::MIN } else { i64::MAX })
 }
 
 /// `ceil(a / b)` for `a ≥ 0`, `b > 0`, in the protocol's signed milliseconds.
@@ -70,32 +106,45 @@ impl TokenBucket {
             && self.rate.checked_mul(self.per_ms).is_some_and(|v| v < MAX_EXACT)
     }
 
-    /// The state at `now_ms`: a missing bucket is full, then the refill since the last timestamp, capped.
+    /// The state at `now_ms` in these parameters: a missing bucket is full; a stored one is refilled since its
+    /// timestamp at the parameters it was computed with (capped at that capacity), then converted to these
+    /// (rescaled to this `per_ms`, capped at this capacity). So a reload applies from the first call after it,
+    /// and the time before it refills at the old rate (invariant 11; Guava's `RateLimiter.setRate` resyncs the
+    /// same way).
     pub(crate) fn refill(&self, state: Option<TokenBucketState>, now_ms: u64) -> TokenBucketState {
         let full = self.full();
-        match state {
-            None => TokenBucketState {
+        let Some(s) = state else {
+            return TokenBucketState {
                 level: full,
                 ts_ms: now_ms,
-                per_ms: self.per_ms,
-            },
-            Some(s) => {
-                let (mut level, mut ts_ms) = (s.level, s.ts_ms);
-                if s.per_ms != self.per_ms && s.per_ms > 0 {
-                    let scaled = (i128::from(level) * i128::from(self.per_ms)).div_euclid(i128::from(s.per_ms));
-                    level = i64::try_from(scaled).unwrap_or(full);
-                }
-                if now_ms > ts_ms {
-                    let added = i128::from(now_ms - ts_ms) * i128::from(self.rate);
-                    level = i64::try_from((i128::from(level) + added).min(i128::from(full))).unwrap_or(full);
-                    ts_ms = now_ms;
-                }
-                TokenBucketState {
-                    level: level.min(full),
-                    ts_ms,
-                    per_ms: self.per_ms,
-                }
-            }
+                bucket: *self,
+            };
+        };
+        let mut was = s.bucket;
+        if was.per_ms == 0 {
+            was.per_ms = self.per_ms;
+        }
+        let (mut level, mut ts_ms) = (s.level, s.ts_ms);
+        if now_ms > ts_ms {
+            let added = i128::from(now_ms - ts_ms) * i128::from(was.rate);
+            level = i64::try_from((i128::from(level) + added).min(i128::from(was.full()))).unwrap_or(full);
+            ts_ms = now_ms;
+        }
+        let level = rescale(level.min(was.full()), was.per_ms, self.per_ms).min(full);
+        TokenBucketState {
+            level,
+            ts_ms,
+            bucket: *self,
+        }
+    }
+
+    /// What a call that changes nothing (a refusal) leaves stored: the state as it was when it was computed
+    /// with these parameters (refilling it later gives the same level), else the converted state `now`, so that
+    /// the time since then refills at these parameters.
+    fn unchanged(&self, state: Option<TokenBucketState>, now: TokenBucketState) -> Option<TokenBucketState> {
+        match state {
+            Some(s) if s.bucket != *self => self.stored(now),
+            _ => state,
         }
     }
 
@@ -142,7 +191,12 @@ impl TokenBucket {
             retry_after_ms,
             reset_after_ms: self.reset_after(s.level),
         };
-        (self.stored(s), reply)
+        let new = if granted > 0 {
+            self.stored(s)
+        } else {
+            self.unchanged(state, s)
+        };
+        (new, reply)
     }
 
     /// Guava's "consume now, pay later" (`SmoothBursty`): a caller not behind a debt gets its `cost` tokens at
@@ -165,11 +219,11 @@ impl TokenBucket {
             reset_after_ms: self.reset_after(level),
         };
         if cost > self.capacity || (self.rate == 0 && s.level < self.units(cost)) {
-            return (state, refuse(NEVER, s.level));
+            return (self.unchanged(state, s), refuse(NEVER, s.level));
         }
         let wait = if s.level >= 0 { 0 } else { ceil_ms(-s.level, self.rate) };
         if wait > ms(max_wait_ms) {
-            return (state, refuse(wait - ms(max_wait_ms), s.level));
+            return (self.unchanged(state, s), refuse(wait - ms(max_wait_ms), s.level));
         }
         s.level -= self.units(cost);
         let reply = Reply {
@@ -202,7 +256,7 @@ impl TokenBucket {
                 retry_after_ms: ms(left),
                 reset_after_ms: at_least(self.reset_after(s.level), ms(left)),
             };
-            return (state, reply);
+            return (self.unchanged(state, s), reply);
         }
         let (new, mut reply) = self.take(state, min, max, now_ms);
         if reply.granted == 0 && ban_ms > 0 {
@@ -245,8 +299,10 @@ impl TokenBucket {
     }
 
     /// Charges `tokens` admitted elsewhere at `now_ms` (a process that decided alone under
-    /// `fail_mode = "local"` while the store failed): the level goes down by `tokens`, into debt if need be, but
-    /// not below −capacity. A missing bucket is full. The reply's `granted` is 0.
+    /// `fail_mode = "local"` while the store failed): the level goes down by whole tokens, into debt if need be,
+    /// but not below −capacity, nor below where it was (an acquire's debt may be deeper: a debit never adds). A
+    /// missing bucket is full. The reply's `granted` is the number of tokens charged, at most `tokens`; the
+    /// caller carries the rest and charges it later, when the bucket has refilled.
     pub(crate) fn debit(
         &self,
         state: Option<TokenBucketState>,
@@ -254,11 +310,12 @@ impl TokenBucket {
         now_ms: u64,
     ) -> (Option<TokenBucketState>, Reply) {
         let mut s = self.refill(state, now_ms);
-        // Not below −capacity, nor below where it was (an acquire's debt may be deeper): a debit never adds.
         let floor = s.level.min(-self.full());
-        s.level = s.level.saturating_sub(self.units(tokens)).max(floor);
+        let room = u64::try_from(self.tokens(s.level.saturating_sub(floor))).unwrap_or(0);
+        let charged = tokens.min(room);
+        s.level = s.level.saturating_sub(self.units(charged));
         let reply = Reply {
-            granted: 0,
+            granted: charged,
             remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
             retry_after_ms: 0,
             reset_after_ms: self.reset_after(s.level),
@@ -291,6 +348,46 @@ mod tests {
         assert_eq!((r.granted, r.retry_after_ms), (0, 1));
         let (_, r) = b.take(s, 3, 3, 20_000);
         assert_eq!((r.granted, r.remaining), (3, 0));
+    }
+
+    #[test]
+    fn rescale_rounds_down_exactly_and_drops_under_a_token_only_beyond_2_pow_53() {
+        assert_eq!(rescale(5_000, 1_000, 60_000), 300_000);
+        assert_eq!(rescale(1_999, 1_000, 500), 999);
+        assert_eq!(
+            rescale(-4_001, 1_000, 500),
+            -2_001,
+            "a debt rounds to more debt, never less"
+        );
+        assert_eq!(rescale(7, 3, 7), 16);
+        // Periods whose reduced product reaches 2^53: the part under a token is dropped, as the scripts do.
+        let (a, b): (u64, u64) = (94_906_267, 94_906_269);
+        assert!(a * b >= MAX_EXACT);
+        assert_eq!(rescale(3 * ms(a) + 5, a, b), 3 * ms(b));
+    }
+
+    #[test]
+    fn a_reload_refills_the_time_before_it_at_the_old_parameters() {
+        let old = TokenBucket {
+            capacity: 10,
+            rate: 1,
+            per_ms: 1_000,
+        };
+        let new = TokenBucket { rate: 10, ..old };
+        let (s, _) = old.take(None, 10, 10, 0);
+        let (s, r) = new.take(s, 1, 1, 900);
+        assert_eq!(
+            (r.granted, s.map(|s| (s.level, s.ts_ms, s.bucket))),
+            (0, Some((900, 900, new)))
+        );
+        let (s, r) = new.take(s, 1, 1, 1_000);
+        assert_eq!((r.granted, s.map(|s| s.level)), (1, Some(900)));
+        let (same, r) = new.take(s, 1, 1, 1_000);
+        assert_eq!(
+            (r.granted, same),
+            (0, s),
+            "a refusal under the same parameters stores nothing new"
+        );
     }
 
     #[test]

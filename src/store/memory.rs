@@ -78,6 +78,18 @@ impl MemoryStore {
         self.map.is_empty()
     }
 
+    /// The token bucket stored under `key`, live or not (tests compare it with the Redis hash).
+    #[cfg(test)]
+    pub(crate) fn token_bucket(&self, key: &str) -> Option<TokenBucketState> {
+        match self.map.get(key).as_deref() {
+            Some(Entry {
+                state: State::TokenBucket(s, _),
+                ..
+            }) => *s,
+            _ => None,
+        }
+    }
+
     /// Runs a call synchronously: the same math as the call's script.
     ///
     /// # Errors
@@ -201,21 +213,25 @@ impl MemoryStore {
         }
     }
 
-    /// Applies a token-bucket step to the key's bucket and ban; a full bucket with no ban is dropped.
+    /// Applies a token-bucket step to the key's bucket and ban; a full bucket with no ban is dropped. The entry
+    /// lives until the bucket is full again at the parameters it records, or the ban ends (Redis's TTLs on the two
+    /// keys): a reload that raises the rate shortens it, as the script's `PEXPIRE` does.
     fn update_bucket(
         &self,
         key: &str,
         now: u64,
         f: impl FnOnce(Option<TokenBucketState>, &mut Ban) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
-        self.update(key, now, |state| {
+        self.update_until(key, now, |state| {
             let (old, mut ban) = match state {
-                Some(State::TokenBucket(s, ban)) => (s, ban),
+                Some((State::TokenBucket(s, ban), _)) => (s, ban),
                 _ => (None, Ban::default()),
             };
             let (new, reply) = f(old, &mut ban);
-            let keep = new.is_some() || ban.until_ms > now;
-            (keep.then_some(State::TokenBucket(new, ban)), reply)
+            let full_at = new.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
+            let until = full_at.max(ban.until_ms);
+            let keep = until > now;
+            (keep.then_some((State::TokenBucket(new, ban), until)), reply)
         })
     }
 
@@ -236,26 +252,39 @@ impl MemoryStore {
         })
     }
 
-    /// Applies `f` to the key's state under its shard lock; `None` removes the key.
+    /// Applies `f` to the key's state under its shard lock; `None` removes the key. The key lives until the
+    /// reply's `reset_after_ms`, never earlier than before: a call that changes nothing (a refusal) leaves Redis's
+    /// TTL as it was.
     fn update(
         &self,
         key: &str,
         now: u64,
         f: impl FnOnce(Option<State>) -> (Option<State>, Reply),
     ) -> Result<Reply, StoreError> {
-        let expiry =
-            |reply: &Reply| u64::try_from(reply.reset_after_ms).map_or(u64::MAX, |ms| now.saturating_add(ms.max(1)));
+        self.update_until(key, now, |old| {
+            let was = old.as_ref().map_or(0, |(_, until)| *until);
+            let (new, reply) = f(old.map(|(state, _)| state));
+            let until = u64::try_from(reply.reset_after_ms).map_or(u64::MAX, |ms| now.saturating_add(ms.max(1)));
+            (new.map(|state| (state, until.max(was))), reply)
+        })
+    }
+
+    /// Applies `f` to the key's live state and until when it lives, under its shard lock: `f` gives the new state
+    /// and until when it lives (ms, as a Redis TTL), or `None` to remove the key.
+    fn update_until(
+        &self,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(Option<(State, u64)>) -> (Option<(State, u64)>, Reply),
+    ) -> Result<Reply, StoreError> {
         let placeholder = || State::TokenBucket(None, Ban::default());
         Ok(match self.map.entry(key.to_owned()) {
             dashmap::Entry::Occupied(mut e) => {
                 let old = std::mem::replace(&mut e.get_mut().state, placeholder());
                 let was = e.get().expires_at_ms;
-                let alive = was > now;
-                let (new, reply) = f(alive.then_some(old));
-                // Never earlier than before: a call that changes nothing (a refusal) leaves Redis's TTL as it was.
-                let expires_at_ms = if alive { was.max(expiry(&reply)) } else { expiry(&reply) };
+                let (new, reply) = f((was > now).then_some((old, was)));
                 match new {
-                    Some(state) => *e.get_mut() = Entry { state, expires_at_ms },
+                    Some((state, expires_at_ms)) => *e.get_mut() = Entry { state, expires_at_ms },
                     None => {
                         e.remove();
                     }
@@ -264,11 +293,8 @@ impl MemoryStore {
             }
             dashmap::Entry::Vacant(e) => {
                 let (new, reply) = f(None);
-                if let Some(state) = new {
-                    e.insert(Entry {
-                        state,
-                        expires_at_ms: expiry(&reply),
-                    });
+                if let Some((state, expires_at_ms)) = new {
+                    e.insert(Entry { state, expires_at_ms });
                 }
                 reply
             }

@@ -1,8 +1,10 @@
 //! The token-bucket scripts replayed with exact `now_ms` sequences, the same table against a real Redis and
 //! against the in-process store (which runs the pure algorithm the scripts mirror).
 
+use super::common::RedisServer;
 use super::harness::{r, step, EveryStore, Step};
-use crate::algorithm::{Reply, TokenBucket};
+use crate::algorithm::{Reply, TokenBucket, TokenBucketState};
+use crate::store::call::Arg;
 use crate::store::{Call, Store};
 
 fn bucket((capacity, rate, per_ms): (u64, u64, u64)) -> TokenBucket {
@@ -114,6 +116,45 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             ],
         ),
         (
+            "Guava's testBurstyAndUpdate: a debt taken at 1/s is repaid at 1/s until the rate becomes 2/s",
+            vec![
+                (acquire(&k("guava"), (1, 1, 1_000), 1, 10_000, 0), r(1, 0, 0, 1_000)),
+                (acquire(&k("guava"), (1, 1, 1_000), 1, 10_000, 0), r(1, 0, 0, 2_000)),
+                (acquire(&k("guava"), (1, 2, 1_000), 1, 10_000, 1_000), r(1, 0, 0, 1_000)),
+                (
+                    acquire(&k("guava"), (1, 2, 1_000), 1, 10_000, 1_000),
+                    r(1, 0, 500, 1_500),
+                ),
+            ],
+        ),
+        (
+            "a reload to 10/s at 900 ms of a bucket drained at 0 at 1/s: ten checks at 1 s admit one",
+            vec![
+                (take(&k("peer"), (10, 1, 1_000), 10, 10, 0), r(10, 0, 0, 10_000)),
+                (take(&k("peer"), (10, 10, 1_000), 1, 1, 900), r(0, 0, 10, 910)),
+                (take(&k("peer"), (10, 10, 1_000), 1, 1, 1_000), r(1, 0, 0, 910)),
+                (take(&k("peer"), (10, 10, 1_000), 1, 1, 1_000), r(0, 0, 10, 910)),
+            ],
+        ),
+        (
+            "a reload to a smaller capacity and another period: refilled at the old, capped at the new",
+            vec![
+                (take(&k("shrink"), (10, 10, 1_000), 5, 5, 0), r(5, 5, 0, 500)),
+                (take(&k("shrink"), (4, 1, 60_000), 1, 1, 100), r(1, 3, 0, 60_000)),
+                (take(&k("shrink"), (4, 1, 60_000), 1, 1, 100), r(1, 2, 0, 120_000)),
+            ],
+        ),
+        (
+            "a debt outlives a reload: repaid at the old rate until it, at the new one after",
+            vec![
+                (acquire(&k("owe"), ten_per_10s, 10, 60_000, 0), r(10, 0, 0, 10_000)),
+                (acquire(&k("owe"), ten_per_10s, 5, 60_000, 0), r(5, 0, 0, 15_000)),
+                (take(&k("owe"), (2, 1, 500), 1, 1, 1_000), r(0, 0, 2_500, 3_000)),
+                (take(&k("owe"), (2, 1, 500), 1, 1, 3_499), r(0, 0, 1, 501)),
+                (take(&k("owe"), (2, 1, 500), 1, 1, 3_500), r(1, 0, 0, 1_000)),
+            ],
+        ),
+        (
             "a token bucket in debt reports no tokens left, never a negative count",
             vec![
                 (acquire(&k("debt"), ten_per_10s, 10, 60_000, 0), r(10, 0, 0, 10_000)),
@@ -125,12 +166,22 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
         (
             "a debit (fail_mode local's admissions) takes from a full bucket, into debt, not below −capacity",
             vec![
-                (give(&k("d"), ten_per_10s, -4, 0), r(0, 6, 0, 4_000)),
+                (give(&k("d"), ten_per_10s, -4, 0), r(4, 6, 0, 4_000)),
                 (take(&k("d"), ten_per_10s, 6, 6, 0), r(6, 0, 0, 10_000)),
-                (give(&k("d"), ten_per_10s, -10, 0), r(0, 0, 0, 20_000)),
+                (give(&k("d"), ten_per_10s, -10, 0), r(10, 0, 0, 20_000)),
                 (give(&k("d"), ten_per_10s, -5, 0), r(0, 0, 0, 20_000)),
                 (take(&k("d"), ten_per_10s, 1, 1, 10_000), r(0, 0, 1_000, 10_000)),
                 (take(&k("d"), ten_per_10s, 1, 1, 11_000), r(1, 0, 0, 10_000)),
+            ],
+        ),
+        (
+            "a debit says how many whole tokens it charged; the caller charges the rest once the bucket refilled",
+            vec![
+                (give(&k("carry"), ten_per_10s, -25, 0), r(20, 0, 0, 20_000)),
+                (give(&k("carry"), ten_per_10s, -5, 5_000), r(5, 0, 0, 20_000)),
+                (give(&k("carry"), ten_per_10s, -3, 5_000), r(0, 0, 0, 20_000)),
+                (give(&k("carry"), ten_per_10s, -3, 5_500), r(0, 0, 0, 19_500)),
+                (give(&k("carry"), ten_per_10s, -3, 6_000), r(1, 0, 0, 20_000)),
             ],
         ),
         (
@@ -180,6 +231,106 @@ async fn token_bucket_table_on_every_store() {
     EveryStore::start().replay(table).await;
 }
 
+/// A connection of its own to the test's Redis, for reading hashes and running transactions.
+fn connect(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .expect("a connection")
+}
+
+/// The bucket a real Redis holds under `key` (`None`: no key): the hash's fields, read with `HMGET`. A field
+/// missing (a key written before the hash recorded its parameters) reads as 0.
+fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<TokenBucketState> {
+    let fields: Vec<Option<i64>> = redis::cmd("HMGET")
+        .arg(key)
+        .arg(&["level", "ts", "per", "capacity", "rate"])
+        .query(con)
+        .expect("HMGET");
+    let uint = |i: usize| fields[i].and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
+    Some(TokenBucketState {
+        level: fields[0]?,
+        ts_ms: u64::try_from(fields[1]?).ok()?,
+        bucket: bucket((uint(3), uint(4), uint(2))),
+    })
+}
+
+/// Replays `steps` on both stores side by side, on the same keys: every reply is the expected one and, after
+/// every step, refusals included, the two stores hold the same bucket for the step's key (level, timestamp and
+/// the parameters it was computed with).
+async fn replay_side_by_side(stores: &EveryStore, steps: &[Step]) {
+    let mut con = connect(&stores.server);
+    for (i, (what, call, expected)) in steps.iter().enumerate() {
+        for (name, store) in stores.each() {
+            let got = store
+                .run(call)
+                .await
+                .unwrap_or_else(|e| panic!("{name}, step {i} ({what}): {e}"));
+            assert_eq!(got, *expected, "{name}, step {i} ({what}): {call:?}");
+        }
+        assert_eq!(
+            redis_bucket(&mut con, &call.key),
+            stores.memory.token_bucket(&call.key),
+            "the stored bucket after step {i} ({what}): redis (left) and memory (right); {call:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn both_stores_hold_the_same_bucket_after_every_step() {
+    let stores = EveryStore::start();
+    replay_side_by_side(&stores, &table("both")).await;
+}
+
+/// Issue 11's peer case: a bucket of 10 at 1/s drained at 0, reloaded to 10/s at 900 ms (a refused check is the
+/// first call to see it), then ten checks at 1 s: the 100 ms since the reload refilled 1 token and the 900 before
+/// it 0.9, so one check passes (all ten did when the reload refilled the whole second at the new rate).
+#[tokio::test]
+async fn a_reload_raising_the_rate_admits_no_burst() {
+    let stores = EveryStore::start();
+    for (name, store) in stores.each() {
+        let key = format!("{name}:{{peer:k}}");
+        let run = |call: Call| async move { store.run(&call).await.expect("call").granted };
+        assert_eq!(run(take(&key, (10, 1, 1_000), 10, 10, 0)).await, 10, "{name}");
+        assert_eq!(run(take(&key, (10, 10, 1_000), 1, 1, 900)).await, 0, "{name}");
+        let mut admitted = 0;
+        for _ in 0..10 {
+            admitted += run(take(&key, (10, 10, 1_000), 1, 1, 1_000)).await;
+        }
+        assert_eq!(admitted, 1, "{name}: ten checks at 1 s after a reload at 900 ms");
+    }
+}
+
+/// A hash written before it recorded its parameters (`level`, `ts`, `per` only) reads them as the call's: a
+/// refusal leaves it as it is, a grant rewrites it whole. The in-process store, given the same bucket by a take,
+/// answers the same.
+#[tokio::test]
+async fn a_bucket_stored_without_its_parameters_reads_the_calls() {
+    let stores = EveryStore::start();
+    let (server, key) = (&stores.server, "tl:{old:k}");
+    server
+        .cmd(&["HSET", key, "level", "3000", "ts", "0", "per", "1000"])
+        .expect("HSET");
+    // The same bucket in the in-process store: 10 at 1/s with 3 left at 0.
+    let params = (10, 1, 1_000);
+    stores.memory.run(&take(key, params, 7, 7, 0)).await.expect("take");
+    let refused = take(key, params, 5, 5, 1_000);
+    let granted = take(key, params, 1, 1, 1_000);
+    for (name, store) in stores.each() {
+        assert_eq!(
+            store.run(&refused).await.expect("take"),
+            r(0, 4, 1_000, 6_000),
+            "{name}"
+        );
+        if name == "redis" {
+            assert_eq!(server.cmd(&["HEXISTS", key, "capacity"]).expect("HEXISTS").trim(), "0");
+        }
+        assert_eq!(store.run(&granted).await.expect("take"), r(1, 3, 0, 7_000), "{name}");
+    }
+    let mut con = connect(server);
+    assert_eq!(redis_bucket(&mut con, key), stores.memory.token_bucket(key));
+    assert_eq!(redis_bucket(&mut con, key).map(|s| s.bucket), Some(bucket(params)));
+}
+
 #[tokio::test]
 async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
     let stores = EveryStore::start();
@@ -200,11 +351,38 @@ async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
     assert_eq!(server.cmd(&["PTTL", "tl:{x:stock}"]).expect("pttl").trim(), "-1");
 }
 
-/// A pseudo-random sequence of takes and returns gives identical replies on both stores.
+/// Runs `call`'s script on Redis and removes its key's TTL in one transaction (Redis 7 freezes its clock for
+/// it, so the key cannot expire in between).
+fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(call.script().source()).arg(call.keys().len()).arg(call.keys());
+    for arg in call.args() {
+        match arg {
+            Arg::Int(v) => eval.arg(v),
+            Arg::Str(s) => eval.arg(s),
+        };
+    }
+    let (values,): (Vec<i64>,) = redis::pipe()
+        .atomic()
+        .add_command(eval)
+        .cmd("PERSIST")
+        .arg(&call.key)
+        .ignore()
+        .query(con)
+        .unwrap_or_else(|e| panic!("{call:?}: {e}"));
+    Reply::from_wire(values.try_into().expect("four integers"))
+}
+
+/// A pseudo-random sequence of takes, acquires, returns and debits on a few keys, each call with parameters drawn
+/// afresh (so nearly every call is a reload of its key), gives identical replies and stores identical buckets on
+/// both stores. Redis's TTLs run on real time while the calls run on `now_ms`, so the test plays them on `now_ms`
+/// instead: it removes each TTL as the call sets it and deletes a key once its bucket would be full again, as the
+/// TTL would have.
 #[tokio::test]
-async fn redis_and_memory_agree_on_a_random_sequence() {
+async fn redis_and_memory_agree_on_a_random_sequence_with_reloads() {
     let stores = EveryStore::start();
-    let (redis, memory) = (&stores.redis, &stores.memory);
+    let (server, memory) = (&stores.server, &stores.memory);
+    let mut con = connect(server);
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move |n: u64| {
         seed ^= seed << 13;
@@ -218,23 +396,34 @@ async fn redis_and_memory_agree_on_a_random_sequence() {
         (1, 1, 1),
         (50, 0, 1_000),
         (1000, 997, 3_001),
+        (10, 10, 1_000),
     ];
     let mut now = 1_700_000_000_000;
-    for i in 0..600 {
-        let (cap, rate, per) = params[usize::try_from(next(5)).expect("idx")];
-        let key = format!("tl:{{r:{cap}:{rate}:{per}}}");
+    for i in 0..800 {
+        let (cap, rate, per) = params[usize::try_from(next(6)).expect("idx")];
+        let key = format!("tl:{{r:{}}}", next(3));
         let params = (cap, rate, per);
         now += next(2_000);
-        let call = if next(4) == 0 {
+        if redis_bucket(&mut con, &key).is_some_and(|s| s.full_at_ms().is_some_and(|t| t <= now)) {
+            redis::cmd("DEL").arg(&key).exec(&mut con).expect("DEL");
+        }
+        let call = match next(5) {
             // Returns and debits alike: −10 to 9 tokens.
-            give(&key, params, i64::try_from(next(20)).expect("n") - 10, now)
-        } else {
-            let min = 1 + next(cap);
-            take(&key, params, min, min + next(5), now)
+            0 => give(&key, params, i64::try_from(next(20)).expect("n") - 10, now),
+            1 => acquire(&key, params, 1 + next(cap), next(5_000), now),
+            _ => {
+                let min = 1 + next(cap);
+                take(&key, params, min, min + next(5), now)
+            }
         };
-        let a = redis.run(&call).await.expect("redis");
+        let a = run_persisting(&mut con, &call);
         let b = memory.run(&call).await.expect("memory");
         assert_eq!(a, b, "step {i}: {call:?}");
+        assert_eq!(
+            redis_bucket(&mut con, &key),
+            memory.token_bucket(&key),
+            "the stored bucket after step {i}: redis (left) and memory (right); {call:?}"
+        );
     }
 }
 
