@@ -1,6 +1,8 @@
 //! Hostile input never panics: proptest over config text, keys, costs and durations. Each gives a decision or
 //! a clear error.
 
+mod common;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -164,4 +166,59 @@ async fn the_key_bound_is_configurable() {
             ..
         })
     ));
+}
+
+/// Invariant 14: a rule name holding anything but ASCII letters, digits, `_`, `.` and `-` is refused, naming the
+/// field and the character, from the API as from a config file (`tests/config.rs`).
+#[tokio::test]
+async fn rule_names_hold_only_letters_digits_and_three_marks() {
+    for (name, found) in [("a:b", "`:`"), ("a/b", "`/`"), ("a}", "`}`"), ("a\nb", "`\\n`")] {
+        match Rule::token_bucket(name, 3, 1, Duration::from_secs(1)) {
+            Err(Error::InvalidArgument { name: "name", reason }) => {
+                assert!(reason.contains(found), "{name:?}: {reason}")
+            }
+            other => panic!("{name:?} gave {other:?}"),
+        }
+    }
+    assert!(Rule::token_bucket("Sku_buy.v2-eu", 3, 1, Duration::from_secs(1)).is_ok());
+    let limiter = Limiter::builder().build().expect("limiter");
+    let refused = limiter
+        .is_action_allowed("u", "reply:v2", Duration::from_secs(60), 5)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { name: "action_key", .. })),
+        "{refused:?}"
+    );
+}
+
+/// Invariant 14 on a real Redis: rules `a` and `a.b` (3 per hour each) with keys `b:c` and `c` (one key,
+/// `tl:{a:b:c}`, while a rule could be named `a:b`), and keys holding `:` and braces, each drain a bucket of their
+/// own: every pair admits its 3, and Redis holds one key per pair.
+#[tokio::test]
+async fn rules_and_keys_never_share_a_redis_key() {
+    let server = common::RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    let rules = ["a", "a.b"].map(|name| Rule::token_bucket(name, 3, 3, hour).expect("rule"));
+    let limiter = common::limiter(rules).redis(&server).build();
+    let pairs = [
+        ("a", "b:c"),
+        ("a.b", "c"),
+        ("a", "b}:c"),
+        ("a.b", "{c}"),
+        ("a", "{a.b:c}"),
+        ("a", "b"),
+    ];
+    for (rule, key) in pairs {
+        let mut admitted = 0;
+        for _ in 0..4 {
+            admitted += usize::from(limiter.check(rule, key, 1).await.expect("check").allowed);
+        }
+        assert_eq!(
+            admitted, 3,
+            "rule {rule:?}, key {key:?} shares its bucket with an earlier pair"
+        );
+    }
+    let keys = server.cmd(&["DBSIZE"]).expect("DBSIZE");
+    assert_eq!(keys.trim(), pairs.len().to_string(), "{:?}", server.cmd(&["KEYS", "*"]));
+    limiter.shutdown().await;
 }

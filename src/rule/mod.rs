@@ -166,6 +166,8 @@ pub struct Quota {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rule {
     /// The rule's name: the first argument of [`crate::Limiter::check`] and the `rule` label of every metric.
+    /// ASCII letters, digits, `_`, `.` and `-` only, as the constructors and the config check: it is part of every
+    /// store key (invariant 14).
     pub name: String,
     /// The algorithm and its limits.
     pub algorithm: Algorithm,
@@ -229,8 +231,9 @@ impl Rule {
     /// A token-bucket rule: `capacity` tokens (the burst), refilled with `rate` tokens every `per`.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] when `capacity` is 0, `per` is under a millisecond, or the numbers
-    /// exceed what the scripts compute exactly (capacity × per in ms and rate × per in ms below 2^53).
+    /// [`crate::Error::InvalidArgument`] when `capacity` is 0, `per` is under a millisecond, the numbers exceed
+    /// what the scripts compute exactly (capacity × per in ms and rate × per in ms below 2^53), or `name` is empty
+    /// or holds anything but ASCII letters, digits, `_`, `.` and `-`.
     pub fn token_bucket(
         name: impl Into<String>,
         capacity: u64,

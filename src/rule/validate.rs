@@ -20,13 +20,24 @@ pub(crate) fn invalid((name, reason): FieldError) -> crate::Error {
 }
 
 /// A rule name (`field` names it: `name`, or `action_key` for [`crate::Limiter::is_action_allowed`]) is
-/// non-empty and holds no braces (it sits inside the key's hash tag).
+/// non-empty and made of ASCII letters, digits, `_`, `.` and `-` only. It is part of every store key,
+/// `{prefix}:{rule:key}`, where the first `:` after the brace ends it: with a `:` in names, rule `a` with key
+/// `b:c` and rule `a:b` with key `c` would share one Redis key, and a brace would end the Cluster hash tag
+/// (invariant 14). Keys themselves may hold anything.
 pub(crate) fn check_name(name: &str, field: &'static str) -> Result<(), FieldError> {
     if name.is_empty() {
         return Err((field, "must not be empty".into()));
     }
-    if name.contains(['{', '}']) {
-        return Err((field, "must hold no `{` or `}`".into()));
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    if let Some(c) = name.chars().find(|&c| !allowed(c)) {
+        return Err((
+            field,
+            format!(
+                "holds `{}`: a rule name may hold only ASCII letters, digits, `_`, `.` and `-` (it is part of every \
+                 store key, where `:` separates it from the key)",
+                c.escape_debug()
+            ),
+        ));
     }
     Ok(())
 }
