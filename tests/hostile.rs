@@ -192,13 +192,21 @@ async fn rule_names_hold_only_letters_digits_and_three_marks() {
 }
 
 /// Invariant 14 on a real Redis: rules `a` and `a.b` (3 per hour each) with keys `b:c` and `c` (one key,
-/// `tl:{a:b:c}`, while a rule could be named `a:b`), and keys holding `:` and braces, each drain a bucket of their
-/// own: every pair admits its 3, and Redis holds one key per pair.
+/// `tl:{a:b:c}`, while a rule could be named `a:b`), keys holding `:` and braces, and a rule that bans (its ban
+/// key `tl:{w:b}:ban` beside the key `b}:ban` of the same rule): each pair drains a bucket of its own, admitting
+/// its 3, and Redis holds exactly the pairs' keys and the two ban keys.
 #[tokio::test]
 async fn rules_and_keys_never_share_a_redis_key() {
     let server = common::RedisServer::start();
     let hour = Duration::from_secs(3600);
-    let rules = ["a", "a.b"].map(|name| Rule::token_bucket(name, 3, 3, hour).expect("rule"));
+    let mut rules = ["a", "a.b"]
+        .map(|name| Rule::token_bucket(name, 3, 3, hour).expect("rule"))
+        .to_vec();
+    rules.push(
+        Rule::fixed_window("w", 3, hour)
+            .and_then(|r| r.with_ban(hour))
+            .expect("rule"),
+    );
     let limiter = common::limiter(rules).redis(&server).build();
     let pairs = [
         ("a", "b:c"),
@@ -207,6 +215,8 @@ async fn rules_and_keys_never_share_a_redis_key() {
         ("a.b", "{c}"),
         ("a", "{a.b:c}"),
         ("a", "b"),
+        ("w", "b"),
+        ("w", "b}:ban"),
     ];
     for (rule, key) in pairs {
         let mut admitted = 0;
@@ -218,7 +228,12 @@ async fn rules_and_keys_never_share_a_redis_key() {
             "rule {rule:?}, key {key:?} shares its bucket with an earlier pair"
         );
     }
-    let keys = server.cmd(&["DBSIZE"]).expect("DBSIZE");
-    assert_eq!(keys.trim(), pairs.len().to_string(), "{:?}", server.cmd(&["KEYS", "*"]));
+    let mut expected: Vec<String> = pairs.iter().map(|(rule, key)| limiter.store_key(rule, key)).collect();
+    expected.extend(["b", "b}:ban"].map(|key| format!("{}:ban", limiter.store_key("w", key))));
+    expected.sort();
+    let keys = server.cmd(&["KEYS", "*"]).expect("KEYS");
+    let mut keys: Vec<String> = keys.lines().map(str::to_owned).collect();
+    keys.sort();
+    assert_eq!(keys, expected, "one Redis key per (rule, key) pair and per ban");
     limiter.shutdown().await;
 }

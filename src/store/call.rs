@@ -568,35 +568,4 @@ mod tests {
         assert_eq!(Call::give_back("tl:{r:k}", b, -3).args()[3], Arg::Int(-3));
         assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");
     }
-
-    /// Rule names hold no `:` (`rule::check_name`), so the first `:` inside the tag ends the rule: rule `a` with
-    /// key `b:c` and rule `a.b` with key `c` are two keys, and a key holding braces is still its own (invariant 14).
-    #[test]
-    fn rule_and_key_pairs_never_share_a_store_key() {
-        let pairs = [
-            ("a", "b:c"),
-            ("a.b", "c"),
-            ("a", "b.c"),
-            ("a", "b}:c"),
-            ("a", "b}"),
-            ("a", "{a.b:c}"),
-            ("a-b", "c"),
-        ];
-        let keys: std::collections::HashSet<String> = pairs.iter().map(|(r, k)| store_key("tl", r, k)).collect();
-        assert_eq!(keys.len(), pairs.len(), "{keys:?}");
-        assert_ne!(store_key("tl", "a", "b:c"), store_key("tl", "a.b", "c"));
-        // A bucket key ends with its tag's `}`, a ban key with `:ban`: no key of one is a key of the other.
-        let ban = Call::take_or_ban(
-            store_key("tl", "a", "b"),
-            TokenBucket {
-                capacity: 1,
-                rate: 1,
-                per_ms: 1,
-            },
-            1,
-            1,
-        );
-        assert!(!keys.contains(&ban.ban_key()));
-        assert_ne!(store_key("tl", "a", "b}:ban"), ban.ban_key());
-    }
 }
