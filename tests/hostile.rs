@@ -189,6 +189,19 @@ async fn rule_names_hold_only_letters_digits_and_three_marks() {
         matches!(refused, Err(Error::InvalidArgument { name: "action_key", .. })),
         "{refused:?}"
     );
+    // `Rule::name` is a public field: a name set after the constructor is checked when the rule is used.
+    let mut renamed = Rule::token_bucket("ok", 3, 1, Duration::from_secs(1)).expect("rule");
+    renamed.name = "a:b".into();
+    let refused = limiter.check_rule(&renamed, "c", 1).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { name: "name", .. })),
+        "{refused:?}"
+    );
+    let built = Limiter::builder().rule(renamed).build();
+    assert!(
+        matches!(built, Err(Error::InvalidArgument { name: "name", .. })),
+        "{built:?}"
+    );
 }
 
 /// Invariant 14 on a real Redis: rules `a` and `a.b` (3 per hour each) with keys `b:c` and `c` (one key,

@@ -165,7 +165,7 @@ impl LimiterBuilder {
 /// Compiles rules by name.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming `rule` for a duplicate name.
+/// As [`compile_keeping`].
 pub(super) fn compile_all(rules: Vec<Rule>, default_mode: FailMode) -> Result<RuleMap, Error> {
     compile_keeping(rules, default_mode, &RuleMap::default())
 }
@@ -173,10 +173,12 @@ pub(super) fn compile_all(rules: Vec<Rule>, default_mode: FailMode) -> Result<Ru
 /// Compiles rules by name, keeping the compiled rule of `old` (and its leases) for a rule that did not change.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming `rule` for a duplicate name.
+/// [`Error::InvalidArgument`] naming `rule` for a duplicate name, or `name` for a name outside `[A-Za-z0-9_.-]`
+/// (checked again here: [`Rule::name`] is a public field, set after the constructor checked it).
 pub(super) fn compile_keeping(rules: Vec<Rule>, default_mode: FailMode, old: &RuleMap) -> Result<RuleMap, Error> {
     let mut map = RuleMap::default();
     for rule in rules {
+        rule::check_name(&rule.name, "name").map_err(rule::invalid)?;
         if map.contains_key(&rule.name) {
             return Err(rule::invalid(("rule", format!("duplicate rule name `{}`", rule.name))));
         }

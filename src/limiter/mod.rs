@@ -188,6 +188,8 @@ impl Limiter {
         let compiled = match self.inner.adhoc.get(rule) {
             Some(c) => c.clone(),
             None => {
+                // The name is a public field: it may have been set after the constructor checked it.
+                rule::check_name(&rule.name, "name").map_err(rule::invalid)?;
                 let c = Arc::new(Compiled::new(rule.clone(), self.inner.default_fail_mode));
                 if self.inner.adhoc.len() < MAX_ADHOC_RULES {
                     self.inner.adhoc.insert(rule.clone(), c.clone());
@@ -217,7 +219,8 @@ impl Limiter {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `user_id`, `action_key`, `period` or `max_count` when one is empty or
-    /// zero; [`Error::ShutDown`].
+    /// zero, or `action_key` when it holds a character outside `[A-Za-z0-9_.-]` (it is a rule name: invariant 14);
+    /// [`Error::ShutDown`].
     pub async fn is_action_allowed(
         &self,
         user_id: &str,
