@@ -95,6 +95,15 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
         leased_allowed += u32::from(timed(&l, "leased_closed", "k").await.allowed);
     }
     assert!(leased_allowed < 10, "only the tokens already leased: {leased_allowed}");
+    // A stopped server refuses connections: store errors (or a reconnection that outlasts the timeout), then
+    // the open breaker; every decision made by fail_mode is counted with its reason.
+    let stats = l.stats();
+    let counted = stats.fail_mode_errors + stats.fail_mode_timeouts + stats.fail_mode_circuit_open;
+    assert!(
+        stats.fail_mode_errors > 0 && stats.fail_mode_circuit_open > 0,
+        "{stats:?}"
+    );
+    assert!(counted >= 61 + (50 - u64::from(leased_allowed)), "{stats:?}");
 
     server.restart();
     // Recovers by itself: the connection manager reconnects; the fallback back-off is 100 ms.

@@ -84,19 +84,17 @@ impl Fallback {
     }
 
     /// Decides a check of `cost` tokens of `store_key` by the fail mode of `compiled` (whose limits for the key
-    /// are `algorithm`) after the store failed with `error`.
+    /// are `algorithm`) because the store failed, for `reason`.
     pub(crate) fn decide(
         &self,
         compiled: &Compiled,
         algorithm: &Algorithm,
         store_key: &str,
         cost: u64,
-        error: &StoreError,
+        reason: FailReason,
     ) -> Decision {
-        let reason = FailReason::of(error);
         self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
         compiled.metrics.fail_mode[reason as usize].increment(1);
-        tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
         let backoff = self.store.timeouts.backoff;
         let refused = Decision::bare(false, backoff, Source::Fallback);
         match compiled.fail_mode {

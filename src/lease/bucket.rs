@@ -10,7 +10,7 @@
 //! deadline passes, only the tokens beyond what the younger leases brought are expired and given back.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 
 use crate::algorithm::{Reply, TokenBucket};
 use crate::clock::nanos;
+use crate::error::FailReason;
 use crate::rule::Lease;
 
 /// The deadline of no batch: nothing to expire.
@@ -75,6 +76,8 @@ pub(crate) struct LocalBucket {
     exhausted_never: AtomicBool,
     /// A lease failed: decide by `fail_mode` until then instead of asking the store again.
     failing_until_ns: AtomicU64,
+    /// Why the last lease failed: a [`FailReason`] as its index, for the fail_mode metric.
+    fail_reason: AtomicU8,
     /// When the shared bucket will be full again, from the last reply.
     full_at_ns: AtomicU64,
     /// Below this many tokens a lease is started in the background.
@@ -115,6 +118,7 @@ impl LocalBucket {
             exhausted_until_ns: AtomicU64::new(0),
             exhausted_never: AtomicBool::new(false),
             failing_until_ns: AtomicU64::new(0),
+            fail_reason: AtomicU8::new(FailReason::Error as u8),
             full_at_ns: AtomicU64::new(0),
             low_watermark: AtomicU64::new(lease.min_batch / 4),
             starved: AtomicBool::new(false),
@@ -318,9 +322,16 @@ impl LocalBucket {
     }
 
     /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.
-    pub(crate) fn failed(&self, backoff: Duration, now_ns: u64) {
+    pub(crate) fn failed(&self, reason: FailReason, backoff: Duration, now_ns: u64) {
+        self.fail_reason.store(reason as u8, Ordering::Relaxed);
         self.failing_until_ns
             .store(now_ns.saturating_add(nanos(backoff)), Ordering::Release);
+    }
+
+    /// Why the last lease failed.
+    pub(crate) fn fail_reason(&self) -> FailReason {
+        let i = usize::from(self.fail_reason.load(Ordering::Relaxed));
+        FailReason::ALL.get(i).copied().unwrap_or(FailReason::Error)
     }
 
     /// Removes the tokens whose deadline has passed and returns how many, to be given back.

@@ -13,7 +13,7 @@ use crate::clock::{nanos, Clock};
 use crate::compiled::Compiled;
 use crate::config::ProcessConfig;
 use crate::decision::{from_protocol_ms, Decision, Source};
-use crate::error::StoreError;
+use crate::error::FailReason;
 use crate::fallback::Fallback;
 use crate::rule::{Algorithm, FailMode, Lease};
 use crate::store::call::{store_key, Call};
@@ -138,8 +138,7 @@ impl Engine {
                 return decision;
             }
             if local.is_failing(now) {
-                let error = StoreError::timeout("token_bucket", timeouts.lease_wait);
-                return self.fall_back(compiled, bucket, &local, cost, &error);
+                return self.fall_back(compiled, bucket, &local, cost);
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
@@ -167,16 +166,11 @@ impl Engine {
         }
     }
 
-    fn fall_back(
-        &self,
-        compiled: &Compiled,
-        bucket: &TokenBucket,
-        local: &LocalBucket,
-        cost: u64,
-        error: &StoreError,
-    ) -> Decision {
+    /// Decides by the rule's fail mode while the key's last lease failed.
+    fn fall_back(&self, compiled: &Compiled, bucket: &TokenBucket, local: &LocalBucket, cost: u64) -> Decision {
+        let reason = local.fail_reason();
         self.fallback
-            .decide(compiled, &unleased(bucket), &local.store_key, cost, error)
+            .decide(compiled, &unleased(bucket), &local.store_key, cost, reason)
     }
 
     /// Starts the key's lease in the background unless one is in flight; `false` when one already is, the
@@ -250,7 +244,7 @@ impl Engine {
             Err(error) => {
                 m.lease_error.increment(1);
                 tracing::debug!(rule = %compiled.rule.name, %error, "lease failed");
-                local.failed(self.store.timeouts.backoff, now);
+                local.failed(FailReason::of(&error), self.store.timeouts.backoff, now);
             }
         }
     }

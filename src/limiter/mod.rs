@@ -16,7 +16,7 @@ use dashmap::DashMap;
 use crate::compiled::Compiled;
 use crate::config::RedisConfig;
 use crate::decision::{Decision, Permit, Source};
-use crate::error::{Error, StoreError};
+use crate::error::{Error, FailReason, StoreError};
 use crate::lease::engine::Engine;
 use crate::queue::Queue;
 use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
@@ -156,7 +156,12 @@ impl Limiter {
                 }
                 Decision::from_reply(&reply, cost, engine.store.source())
             }
-            Err(e) => engine.fallback.decide(compiled, algorithm, &store_key, cost, &e),
+            Err(error) => {
+                tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
+                engine
+                    .fallback
+                    .decide(compiled, algorithm, &store_key, cost, FailReason::of(&error))
+            }
         }
     }
 
