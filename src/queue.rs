@@ -10,9 +10,9 @@ use std::time::Duration;
 use crate::algorithm::Reply;
 use crate::background::Background;
 use crate::compiled::Compiled;
-use crate::decision::{from_protocol_ms, Permit, Source};
-use crate::error::Error;
-use crate::fallback::Fallback;
+use crate::decision::{from_protocol_ms, to_protocol_ms, Permit, Source};
+use crate::error::{Error, FailReason};
+use crate::fallback::{Fallback, Unsettled};
 use crate::rule::{Algorithm, FailMode};
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
@@ -121,7 +121,19 @@ impl Queue {
         // First in, first out: reservations of this process's callers are made in the order they came.
         let turn = line.lock().await;
         let mut call = call;
-        let (reply, source) = match self.store.run(&call).await {
+        // What fail_mode local admitted alone is charged first, so this reservation counts it (invariant 12).
+        let result = match self.fallback.settle(&store_key, &algorithm).await {
+            Ok(()) => self.store.run(&call).await,
+            Err(Unsettled::Failed(error)) => Err(error),
+            Err(Unsettled::Busy) => {
+                return Err(Error::QueueFull {
+                    rule: rule.to_owned(),
+                    max_wait: Duration::from_millis(max_wait_ms),
+                    retry_after: Duration::from_millis(1),
+                })
+            }
+        };
+        let (reply, source) = match result {
             Ok(reply) => (reply, self.store.source()),
             Err(error) => match compiled.fail_mode {
                 FailMode::Open => (
@@ -134,6 +146,19 @@ impl Queue {
                     Source::Fallback,
                 ),
                 FailMode::Closed => return Err(Error::Store(error)),
+                FailMode::Local if matches!(algorithm, Algorithm::TokenBucket { .. }) => {
+                    // The key's one local share, the one checks use, charged when the store answers: taken at
+                    // once or refused, never paid later alone.
+                    let reason = FailReason::of(&error);
+                    let d = self.fallback.decide(compiled, &algorithm, &store_key, cost, reason);
+                    let reply = Reply {
+                        granted: if d.allowed { cost } else { 0 },
+                        remaining: d.remaining,
+                        retry_after_ms: if d.allowed { 0 } else { to_protocol_ms(d.retry_after) },
+                        reset_after_ms: 0,
+                    };
+                    (reply, Source::Fallback)
+                }
                 FailMode::Local => {
                     let share = self.fallback.processes();
                     // The reservation is made (and handed back, if dropped) in this process's local share.

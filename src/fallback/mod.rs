@@ -29,6 +29,15 @@ use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
 use share::Shares;
 
+/// Why a key's debt was not settled before its store call.
+#[derive(Debug)]
+pub(crate) enum Unsettled {
+    /// Another caller's charge of the key is in flight.
+    Busy,
+    /// The charge failed with the store's error; the tokens stay owed.
+    Failed(StoreError),
+}
+
 /// The fail modes' state: the local shares and what they owe.
 #[derive(Debug)]
 pub(crate) struct Fallback {
@@ -95,6 +104,10 @@ impl Fallback {
     ) -> Decision {
         self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
         compiled.metrics.fail_mode[reason as usize].increment(1);
+        if self.background.is_closed() {
+            // Shutting down: what a local share admitted now could not be charged any more.
+            return Decision::bare(false, Duration::ZERO, Source::Fallback);
+        }
         let backoff = self.store.timeouts.backoff;
         let refused = Decision::bare(false, backoff, Source::Fallback);
         match compiled.fail_mode {
@@ -134,47 +147,66 @@ impl Fallback {
         self.buckets.report(store_key, bucket, remaining, self.now_ms());
     }
 
-    /// Before a store call for `store_key`: charges the shared bucket with what the key's local share admitted
-    /// alone, so that the call's answer already counts it. The charge runs as a task of its own, so a caller
-    /// dropped meanwhile loses nothing. Nothing owed (the common case) costs one load.
+    /// Before a store call for `store_key` (whose limits are now `algorithm`): charges the shared bucket with what
+    /// the key's local share admitted alone, so that the call's answer already counts it. The charge runs as a
+    /// task of its own, so a caller dropped meanwhile loses nothing. Nothing owed (the common case) costs one
+    /// load. A debt of a key that is no longer a token bucket (its rule was reloaded with another algorithm) is
+    /// dropped: charging it would corrupt the new algorithm's state.
     ///
     /// # Errors
-    /// The debit's store error (the tokens stay owed): the caller's call would most likely fail too.
-    pub(crate) async fn settle(self: &Arc<Self>, store_key: &str) -> Result<(), StoreError> {
+    /// [`Unsettled::Busy`] while another caller's charge of the key is in flight (the caller is refused briefly:
+    /// an answer now would not count that charge); [`Unsettled::Failed`] with the debit's store error (the
+    /// tokens stay owed; the caller's call would most likely fail too).
+    pub(crate) async fn settle(self: &Arc<Self>, store_key: &str, algorithm: &Algorithm) -> Result<(), Unsettled> {
         if !self.buckets.any_owed() {
             return Ok(());
         }
-        let Some((bucket, tokens)) = self.buckets.take_owed(store_key) else {
+        let Some((owed_to, tokens)) = self.buckets.take_owed(store_key).map_err(|_| Unsettled::Busy)? else {
             return Ok(());
         };
-        let this = self.clone();
-        let key = store_key.to_owned();
-        match self
-            .background
-            .spawn(async move { this.charge(&key, bucket, tokens).await })
-            .await
-        {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::timeout("token_return", Duration::ZERO)),
+        let Algorithm::TokenBucket { bucket, .. } = algorithm else {
+            tracing::warn!(key = %store_key, tokens, "a debt of a key that is no longer a token bucket is dropped");
+            self.buckets.settled(store_key, owed_to, tokens, 0, self.now_ms());
+            return Ok(());
+        };
+        let (this, key, bucket) = (self.clone(), store_key.to_owned(), *bucket);
+        let charge = async move { this.charge(&key, (owed_to, bucket), tokens, false).await };
+        match self.background.spawn(charge).await {
+            Ok(result) => result.map_err(Unsettled::Failed),
+            Err(_) => Err(Unsettled::Failed(StoreError::timeout("token_return", Duration::ZERO))),
         }
     }
 
-    /// Charges `tokens` owed by `store_key` to its shared `bucket` (a debit of `token_return.lua`, which may put
-    /// the bucket in debt down to −capacity); what the bucket cannot absorb yet stays owed for the next charge.
-    async fn charge(&self, store_key: &str, bucket: TokenBucket, tokens: u64) -> Result<(), StoreError> {
+    /// Charges `tokens` owed by `store_key` to its shared bucket, with the parameters it has now (`bucket`; the
+    /// debt was recorded under `owed_to`): a debit of `token_return.lua`, which may put the bucket in debt down
+    /// to −capacity; what the bucket cannot absorb yet stays owed for the next charge. `past_breaker` sends it
+    /// even while the circuit breaker is open (at shutdown, the last chance).
+    async fn charge(
+        &self,
+        store_key: &str,
+        (owed_to, bucket): (TokenBucket, TokenBucket),
+        tokens: u64,
+        past_breaker: bool,
+    ) -> Result<(), StoreError> {
         let debit = i64::try_from(tokens).unwrap_or(i64::MAX);
         // As a lease: a debit timed out after Redis applied it would be applied again.
         let call = Call::give_back(store_key, bucket, -debit).with_timeout(self.store.timeouts.lease);
-        match self.store.run(&call).await {
+        let result = if past_breaker {
+            self.store.run_past_breaker(&call).await
+        } else {
+            self.store.run(&call).await
+        };
+        let now = self.now_ms();
+        match result {
             Ok(reply) => {
                 let carried = tokens.saturating_sub(reply.granted);
                 tracing::debug!(key = %store_key, tokens, carried, "charged what fail_mode local admitted");
-                self.buckets.owe(store_key, bucket, carried, self.now_ms());
+                self.buckets.settled(store_key, owed_to, tokens, carried, now);
                 self.report(store_key, bucket, reply.remaining);
                 Ok(())
             }
             Err(error) => {
-                self.buckets.owe(store_key, bucket, tokens, self.now_ms());
+                self.buckets.settled(store_key, owed_to, tokens, tokens, now);
                 Err(error)
             }
         }
@@ -186,15 +218,32 @@ impl Fallback {
         self.buckets.sweep(self.now_ms(), idle_ms);
     }
 
-    /// Charges everything owed, key by key, for shutdown; a charge that fails now is lost with the process.
-    pub(crate) async fn settle_all(self: &Arc<Self>) {
-        let mut charges = tokio::task::JoinSet::new();
-        for key in self.buckets.owing_keys() {
-            if let Some((bucket, tokens)) = self.buckets.take_owed(&key) {
-                let this = self.clone();
-                charges.spawn(async move { this.charge(&key, bucket, tokens).await });
+    /// Charges everything owed, for shutdown: past the circuit breaker (right after an outage it is still open),
+    /// again and again until nothing is owed or `patience` has passed; what is still owed then is lost with the
+    /// process (logged).
+    pub(crate) async fn settle_all(self: &Arc<Self>, patience: Duration) {
+        let deadline = tokio::time::Instant::now() + patience;
+        while self.buckets.any_owed() {
+            let mut charges = tokio::task::JoinSet::new();
+            for key in self.buckets.owing_keys() {
+                if let Ok(Some((owed_to, tokens))) = self.buckets.take_owed(&key) {
+                    let this = self.clone();
+                    charges.spawn(async move { this.charge(&key, (owed_to, owed_to), tokens, true).await });
+                }
             }
+            while charges.join_next().await.is_some() {}
+            if !self.buckets.any_owed() {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let keys = self.buckets.owing_keys().len();
+                tracing::warn!(
+                    keys,
+                    "shut down owing what fail_mode local admitted alone: the store did not answer"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        while charges.join_next().await.is_some() {}
     }
 }

@@ -12,7 +12,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
-use crate::algorithm::{Reply, TokenBucket, TokenBucketState};
+use crate::algorithm::{Reply, TokenBucket, TokenBucketState, NEVER};
+
+/// Another charge of the key is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Busy;
+
+/// An empty share at `now_ms`.
+fn empty(share: TokenBucket, now_ms: u64) -> TokenBucketState {
+    let mut s = share.refill(None, now_ms);
+    s.level = 0;
+    s
+}
+
+/// The exact full level of one process's share of `bucket`, in units of its share: `capacity / processes`
+/// tokens are `capacity × per_ms` units of `1 / (per_ms × processes)` token.
+fn exact_full(bucket: TokenBucket) -> i64 {
+    i64::try_from(bucket.capacity.saturating_mul(bucket.per_ms)).unwrap_or(i64::MAX)
+}
 
 /// One key's share and debt.
 #[derive(Debug)]
@@ -23,6 +40,8 @@ struct Share {
     state: Option<TokenBucketState>,
     /// Tokens admitted alone and not charged to the shared bucket yet.
     owed: u64,
+    /// A charge of this key is in flight: its tokens are still counted in [`Shares::owed`].
+    settling: bool,
     /// When the share was last reported or taken from, in ms of the limiter's clock.
     touched_ms: u64,
 }
@@ -72,6 +91,7 @@ impl Shares {
                     bucket,
                     state: Some(lowered(None)),
                     owed: 0,
+                    settling: false,
                     touched_ms: now_ms,
                 },
             );
@@ -85,26 +105,34 @@ impl Shares {
         let share = bucket.share(self.processes);
         let mut entry = match self.map.get_mut(key) {
             Some(entry) => entry,
-            None if self.map.len() < self.max_keys => {
-                let mut empty = share.refill(None, now_ms);
-                empty.level = 0;
-                self.map.entry(key.to_owned()).or_insert(Share {
-                    bucket,
-                    state: Some(empty),
-                    owed: 0,
-                    touched_ms: now_ms,
-                })
-            }
+            None if self.map.len() < self.max_keys => self.map.entry(key.to_owned()).or_insert(Share {
+                bucket,
+                state: Some(empty(share, now_ms)),
+                owed: 0,
+                settling: false,
+                touched_ms: now_ms,
+            }),
             None => return None,
         };
         if entry.bucket != bucket {
             // Reloaded while the store failed: what is known of the old parameters does not carry over.
-            let mut empty = share.refill(None, now_ms);
-            empty.level = 0;
             entry.bucket = bucket;
-            entry.state = Some(empty);
+            entry.state = Some(empty(share, now_ms));
         }
-        let (state, reply) = share.take(entry.state, cost, cost, now_ms);
+        if bucket.rate == 0 {
+            // A stock that never refills: a debt would never be repaid, so nothing is sold alone.
+            return Some(Reply {
+                granted: 0,
+                remaining: 0,
+                retry_after_ms: NEVER,
+                reset_after_ms: NEVER,
+            });
+        }
+        // Exactly capacity / processes tokens (`share` rounds its capacity up to a whole token, at least 1): a
+        // bucket smaller than the processes admits nothing alone.
+        let mut state = share.refill(entry.state, now_ms);
+        state.level = state.level.min(exact_full(bucket));
+        let (state, reply) = share.take(Some(state), cost, cost, now_ms);
         entry.state = state;
         entry.touched_ms = now_ms;
         if reply.granted > 0 {
@@ -120,42 +148,47 @@ impl Shares {
         self.owed.load(Ordering::Acquire) > 0
     }
 
-    /// Takes what `key` owes, to charge it: its shared bucket and the tokens; `None` when it owes nothing.
-    pub(crate) fn take_owed(&self, key: &str) -> Option<(TokenBucket, u64)> {
-        let mut entry = self.map.get_mut(key)?;
-        let tokens = std::mem::take(&mut entry.owed);
-        if tokens == 0 {
-            return None;
+    /// Takes what `key` owes, to charge it: its shared bucket and the tokens; `Ok(None)` when it owes nothing.
+    /// The tokens stay counted as owed until [`Shares::settled`], so that other callers of the key know a charge
+    /// is in flight.
+    ///
+    /// # Errors
+    /// [`Busy`] while another charge of the key is in flight: its answer would not count that charge yet.
+    pub(crate) fn take_owed(&self, key: &str) -> Result<Option<(TokenBucket, u64)>, Busy> {
+        let Some(mut entry) = self.map.get_mut(key) else {
+            return Ok(None);
+        };
+        if entry.settling {
+            return Err(Busy);
         }
-        self.owed.fetch_sub(tokens, Ordering::AcqRel);
-        Some((entry.bucket, tokens))
+        if entry.owed == 0 {
+            return Ok(None);
+        }
+        entry.settling = true;
+        Ok(Some((entry.bucket, std::mem::take(&mut entry.owed))))
     }
 
-    /// Puts back `tokens` that `key` still owes (a charge that failed, or the part the bucket could not absorb).
-    /// Kept even when the map is full: a debt is never dropped.
-    pub(crate) fn owe(&self, key: &str, bucket: TokenBucket, tokens: u64, now_ms: u64) {
-        if tokens == 0 {
-            return;
-        }
-        let mut entry = self.map.entry(key.to_owned()).or_insert_with(|| {
-            let mut empty = bucket.share(self.processes).refill(None, now_ms);
-            empty.level = 0;
-            Share {
-                bucket,
-                state: Some(empty),
-                owed: 0,
-                touched_ms: now_ms,
-            }
+    /// A charge of `tokens` taken by [`Shares::take_owed`] ended: `carried` of them are still owed (all of them
+    /// when the charge failed, the part the bucket could not absorb otherwise).
+    pub(crate) fn settled(&self, key: &str, bucket: TokenBucket, tokens: u64, carried: u64, now_ms: u64) {
+        let mut entry = self.map.entry(key.to_owned()).or_insert_with(|| Share {
+            bucket,
+            state: Some(empty(bucket.share(self.processes), now_ms)),
+            owed: 0,
+            settling: false,
+            touched_ms: now_ms,
         });
-        entry.owed = entry.owed.saturating_add(tokens);
-        self.owed.fetch_add(tokens, Ordering::AcqRel);
+        entry.settling = false;
+        entry.owed = entry.owed.saturating_add(carried);
+        drop(entry);
+        self.owed.fetch_sub(tokens.saturating_sub(carried), Ordering::AcqRel);
     }
 
     /// Forgets the keys untouched for `idle_ms` that owe nothing. Forgetting is always on the safe side: a key
     /// not known starts empty.
     pub(crate) fn sweep(&self, now_ms: u64, idle_ms: u64) {
         self.map
-            .retain(|_, s| s.owed > 0 || now_ms.saturating_sub(s.touched_ms) < idle_ms);
+            .retain(|_, s| s.owed > 0 || s.settling || now_ms.saturating_sub(s.touched_ms) < idle_ms);
     }
 
     /// Every key that owes tokens (for shutdown, when all of it is charged).
@@ -211,18 +244,43 @@ mod tests {
     }
 
     #[test]
-    fn what_a_share_grants_is_owed_until_taken_and_put_back_when_a_charge_fails() {
+    fn what_a_share_grants_is_owed_until_its_charge_ends_and_the_unabsorbed_part_is_carried() {
         let shares = Shares::new(2, 10);
         shares.report("k", BUCKET, 10, 0);
         assert!(!shares.any_owed());
         assert_eq!(granted(&shares, 2, 0), 2);
         assert_eq!(granted(&shares, 1, 0), 1);
         assert!(shares.any_owed());
-        assert_eq!(shares.take_owed("k"), Some((BUCKET, 3)));
-        assert_eq!(shares.take_owed("k"), None);
+        assert_eq!(shares.take_owed("k"), Ok(Some((BUCKET, 3))));
+        // While the charge is in flight, other callers of the key know it, and wait.
+        assert_eq!(shares.take_owed("k"), Err(Busy));
+        assert!(shares.any_owed());
+        // The bucket absorbed 2: 1 is carried to the next charge.
+        shares.settled("k", BUCKET, 3, 1, 0);
+        assert_eq!(shares.take_owed("k"), Ok(Some((BUCKET, 1))));
+        shares.settled("k", BUCKET, 1, 0, 0);
         assert!(!shares.any_owed());
-        shares.owe("k", BUCKET, 2, 0);
-        assert_eq!(shares.take_owed("k"), Some((BUCKET, 2)));
+        assert_eq!(shares.take_owed("k"), Ok(None));
+    }
+
+    #[test]
+    fn a_bucket_smaller_than_the_processes_or_a_stock_admits_nothing_alone() {
+        // 1 token per second shared by 4: a quarter of a token each, never a whole one.
+        let one = TokenBucket {
+            capacity: 1,
+            rate: 1,
+            per_ms: 1000,
+        };
+        let shares = Shares::new(4, 10);
+        shares.report("u", one, 1, 0);
+        for now in [0, 4_000, 60_000] {
+            assert_eq!(shares.take("u", one, 1, now).map(|r| r.granted), Some(0), "at {now}");
+        }
+        // A stock (rate 0): its debt would never be repaid.
+        let stock = TokenBucket { rate: 0, ..BUCKET };
+        shares.report("s", stock, 10, 0);
+        let refused = shares.take("s", stock, 1, 0).expect("room");
+        assert_eq!((refused.granted, refused.retry_after_ms), (0, NEVER));
     }
 
     #[test]
@@ -231,16 +289,11 @@ mod tests {
         shares.report("a", BUCKET, 10, 0);
         shares.report("k", BUCKET, 10, 0);
         assert_eq!(granted(&shares, 1, 0), 1);
-        // Full: a third key is neither remembered nor admitted, but a debt is always kept.
+        // Full: a third key is neither remembered nor admitted.
         shares.report("c", BUCKET, 10, 0);
         assert!(shares.take("c", BUCKET, 1, 0).is_none());
-        shares.owe("d", BUCKET, 4, 0);
-        assert_eq!(shares.map.len(), 3);
         shares.sweep(60_000, 60_000);
-        assert_eq!(shares.owing_keys().len(), 2);
-        assert_eq!(shares.map.len(), 2, "`a` was idle and owed nothing");
-        let mut owing = shares.owing_keys();
-        owing.sort();
-        assert_eq!(owing, ["d", "k"]);
+        assert_eq!(shares.map.len(), 1, "`a` was idle and owed nothing");
+        assert_eq!(shares.owing_keys(), ["k"]);
     }
 }

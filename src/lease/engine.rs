@@ -14,7 +14,7 @@ use crate::compiled::Compiled;
 use crate::config::ProcessConfig;
 use crate::decision::{from_protocol_ms, Decision, Source};
 use crate::error::FailReason;
-use crate::fallback::Fallback;
+use crate::fallback::{Fallback, Unsettled};
 use crate::rule::{Algorithm, FailMode, Lease};
 use crate::store::call::{store_key, Call};
 use crate::store::guarded::Guarded;
@@ -206,9 +206,14 @@ impl Engine {
         // timed out after Redis granted it would strand its tokens.
         let call = Call::take(&local.store_key, *bucket, plan.min, plan.max).with_timeout(self.store.timeouts.lease);
         // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
-        let result = match self.fallback.settle(&local.store_key).await {
+        let result = match self.fallback.settle(&local.store_key, &unleased(bucket)).await {
             Ok(()) => self.store.run(&call).await,
-            Err(error) => Err(error),
+            Err(Unsettled::Failed(error)) => Err(error),
+            Err(Unsettled::Busy) => {
+                // Another caller's charge of the key is in flight: a grant now would not count it.
+                local.refused(SLOW_LEASE_RETRY, NEVER_RECHECK, Duration::ZERO, clock.now_ns());
+                return;
+            }
         };
         if let (Ok(reply), FailMode::Local) = (&result, compiled.fail_mode) {
             self.fallback.report(&local.store_key, *bucket, reply.remaining);

@@ -58,7 +58,14 @@ impl Limiter {
         // What the local share admitted alone and is not charged yet is charged now, so a restart right after an
         // outage is no second burst either (a debit that fails now is lost with the process).
         let fallback = Arc::clone(&engine.fallback);
-        returns.spawn(async move { fallback.settle_all().await });
+        // Past the breaker, and again for a while if need be: right after an outage the breaker is still open.
+        let patience = engine
+            .store
+            .timeouts
+            .lease
+            .saturating_mul(3)
+            .max(Duration::from_secs(1));
+        returns.spawn(async move { fallback.settle_all(patience).await });
         while returns.join_next().await.is_some() {}
     }
 }

@@ -17,6 +17,7 @@ use crate::compiled::Compiled;
 use crate::config::RedisConfig;
 use crate::decision::{Decision, Permit, Source};
 use crate::error::{Error, FailReason, StoreError};
+use crate::fallback::Unsettled;
 use crate::lease::engine::Engine;
 use crate::queue::Queue;
 use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
@@ -145,9 +146,11 @@ impl Limiter {
         let store_key = store_key(&engine.key_prefix, &compiled.rule.name, key);
         let call = Call::check(algorithm, &store_key, cost, 1, &self.inner.members);
         // What fail_mode local admitted alone is charged first, so this call's answer counts it (invariant 12).
-        let result = match engine.fallback.settle(&store_key).await {
+        let result = match engine.fallback.settle(&store_key, algorithm).await {
             Ok(()) => engine.store.run(&call).await,
-            Err(error) => Err(error),
+            Err(Unsettled::Failed(error)) => Err(error),
+            // Another caller's charge of the key is in flight: an answer now would not count it.
+            Err(Unsettled::Busy) => return Decision::bare(false, Duration::from_millis(1), Source::Local),
         };
         match result {
             Ok(reply) => {

@@ -85,6 +85,19 @@ impl Guarded {
         result
     }
 
+    /// Runs a call even while the breaker is open (a debit at shutdown: its last chance); the result is
+    /// recorded as any call's.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub(crate) async fn run_past_breaker(&self, call: &Call) -> Result<Reply, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let result = self.store.run(call).await;
+        self.breaker
+            .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
+        result
+    }
+
     /// Calls made so far (leases, returns, debits and direct checks).
     pub(crate) fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
