@@ -7,6 +7,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+mod redis;
+
+pub(crate) use self::redis::{
+    check_expected_processes, check_key_prefix, DEFAULT_EXPECTED_PROCESSES, DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT,
+};
+pub use self::redis::{RedisConfig, SentinelConfig};
 use crate::error::ConfigError;
 use crate::rule::{
     self, check_name, check_sub_buckets, parse_utc_offset, positive, whole_ms, Algorithm, FailMode, Lease, Rule,
@@ -25,32 +31,6 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// The limiter-wide fail mode (from `[redis] fail_mode`, default `local`).
     pub fail_mode: FailMode,
-}
-
-/// `[redis]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisConfig {
-    /// `redis://host:port/db` of one server; empty when `cluster` is set.
-    #[serde(default)]
-    pub url: String,
-    /// `redis://host:port` of some masters of a Redis Cluster (the others are discovered); empty for one
-    /// server. Exactly one of `url` and `cluster` is set.
-    #[serde(default)]
-    pub cluster: Vec<String>,
-    /// Prefix of every key: `{prefix}:{rule:key}`.
-    #[serde(default = "default_prefix")]
-    pub key_prefix: String,
-    /// Timeout of every Redis call (humantime, e.g. `"5ms"`).
-    #[serde(default = "default_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-    /// What to do when Redis fails: `open`, `closed` or `local`.
-    #[serde(default)]
-    pub fail_mode: FailMode,
-    /// How many processes share the limits: a lease never takes more than `capacity / expected_processes`,
-    /// and `fail_mode = "local"` enforces that share in each process.
-    #[serde(default = "default_expected_processes")]
-    pub expected_processes: u32,
 }
 
 /// `[metrics]`.
@@ -89,24 +69,9 @@ impl Default for ProcessConfig {
     }
 }
 
-/// The default prefix of every store key.
-pub(crate) const DEFAULT_KEY_PREFIX: &str = "tl";
-/// The default timeout of a store call.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-/// The default number of processes sharing the limits.
-pub(crate) const DEFAULT_EXPECTED_PROCESSES: u32 = 4;
 /// The largest `max_key_bytes` allowed.
 const MAX_KEY_BYTES_LIMIT: usize = 1 << 20;
 
-fn default_prefix() -> String {
-    DEFAULT_KEY_PREFIX.into()
-}
-fn default_timeout() -> Duration {
-    DEFAULT_TIMEOUT
-}
-fn default_expected_processes() -> u32 {
-    DEFAULT_EXPECTED_PROCESSES
-}
 fn default_max_key_bytes() -> usize {
     512
 }
@@ -117,6 +82,7 @@ fn default_idle_ttl() -> Duration {
     Duration::from_secs(60)
 }
 
+/// A field in error, and why.
 type FieldError = (&'static str, String);
 
 impl ProcessConfig {
@@ -135,19 +101,6 @@ impl ProcessConfig {
         }
         Ok(())
     }
-}
-
-/// Checks a key prefix: non-empty, without braces (the keys' hash tag is braced).
-pub(crate) fn check_key_prefix(prefix: &str) -> Result<(), FieldError> {
-    if prefix.is_empty() || prefix.contains(['{', '}']) {
-        return Err(("key_prefix", "must be non-empty and hold no `{` or `}`".into()));
-    }
-    Ok(())
-}
-
-/// Checks the number of processes sharing the limits: at least 1.
-pub(crate) fn check_expected_processes(n: u32) -> Result<(), FieldError> {
-    positive(u64::from(n), "expected_processes").map(|_| ())
 }
 
 #[derive(Debug, Deserialize)]
@@ -320,35 +273,8 @@ impl Config {
             Some(spanned) => {
                 let line = line_of(spanned.span().start);
                 let r = spanned.into_inner();
-                let ctx = || "[redis] ".to_owned();
-                match (r.url.is_empty(), r.cluster.is_empty()) {
-                    (true, true) => {
-                        let why = "is required: the server's redis:// URL (or `cluster`: a list of them)";
-                        return Err(invalid(line, ctx(), "url", why.into()));
-                    }
-                    (false, false) => {
-                        let why = "and `cluster` are both set: give one server's `url` or the cluster's nodes";
-                        return Err(invalid(line, ctx(), "url", why.into()));
-                    }
-                    _ => {}
-                }
-                let field = if r.cluster.is_empty() { "url" } else { "cluster" };
-                let urls = std::iter::once(&r.url).filter(|u| !u.is_empty()).chain(&r.cluster);
-                for url in urls {
-                    if redis::parse_redis_url(url).is_none() {
-                        return Err(invalid(line, ctx(), field, format!("`{url}` is not a redis:// URL")));
-                    }
-                }
-                if r.timeout > Duration::from_secs(60) {
-                    let why = "must be at most 60s: a limiter that waits longer does not limit";
-                    return Err(invalid(line, ctx(), "timeout", why.into()));
-                }
-                if r.timeout.is_zero() {
-                    return Err(invalid(line, ctx(), "timeout", "must be longer than zero".into()));
-                }
-                check_expected_processes(r.expected_processes)
-                    .and_then(|()| check_key_prefix(&r.key_prefix))
-                    .map_err(|(field, why)| invalid(line, ctx(), field, why))?;
+                r.validate()
+                    .map_err(|(field, why)| invalid(line, "[redis] ".into(), field, why))?;
                 fail_mode = r.fail_mode;
                 Some(r)
             }

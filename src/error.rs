@@ -38,6 +38,18 @@ pub enum Error {
     /// The limiter was shut down.
     #[error("the limiter is shut down")]
     ShutDown,
+    /// `[redis] require_noeviction = true` and a Redis server's `maxmemory-policy` may evict limiter keys (an
+    /// evicted bucket comes back full: the limit is granted again).
+    #[error(
+        "Redis at {node}: `maxmemory-policy` is `{policy}`, which may evict limiter keys (an evicted bucket comes back \
+         full); set it to `noeviction`, or `[redis] require_noeviction = false` to run anyway"
+    )]
+    EvictionPolicy {
+        /// The server, `host:port`.
+        node: String,
+        /// Its `maxmemory-policy` (`allkeys-lru`, `volatile-ttl`, ...).
+        policy: String,
+    },
     /// A queue's wait would exceed the longest allowed (`max_wait`, or the timeout given): refused at once,
     /// without waiting only to fail.
     #[error("rule `{rule}`: the wait would exceed {max_wait:?}; retry after {retry_after:?}")]
@@ -63,6 +75,11 @@ pub enum StoreErrorKind {
     NoScript,
     /// A cluster redirection or topology error.
     Cluster,
+    /// The server refuses writes (`READONLY`): a master demoted to a replica by a failover. The connection is
+    /// made again (behind Sentinel: to the master it names now).
+    Readonly,
+    /// The server is out of memory (`OOM`: `used_memory` above `maxmemory` under `noeviction`).
+    Oom,
     /// Anything else (a script error, a protocol error).
     Other,
     /// The circuit breaker is open: the store was not called (never a Redis error).
@@ -70,6 +87,17 @@ pub enum StoreErrorKind {
 }
 
 impl StoreErrorKind {
+    /// Every kind, in declaration order (the index of its error counter).
+    pub(crate) const ALL: [Self; 7] = [
+        Self::Timeout,
+        Self::Io,
+        Self::NoScript,
+        Self::Cluster,
+        Self::Readonly,
+        Self::Oom,
+        Self::Other,
+    ];
+
     /// The metric label of this kind.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -77,6 +105,8 @@ impl StoreErrorKind {
             Self::Io => "io",
             Self::NoScript => "noscript",
             Self::Cluster => "cluster",
+            Self::Readonly => "readonly",
+            Self::Oom => "oom",
             Self::Other => "other",
             Self::CircuitOpen => "circuit_open",
         }
@@ -109,12 +139,18 @@ impl StoreError {
         }
     }
 
-    /// Whether retrying later may succeed (timeouts and connection failures).
+    /// Whether retrying later may succeed (timeouts, connection failures, a failover under way: `READONLY`).
     pub fn is_transient(&self) -> bool {
         matches!(
             self.kind,
-            StoreErrorKind::Timeout | StoreErrorKind::Io | StoreErrorKind::Cluster
+            StoreErrorKind::Timeout | StoreErrorKind::Io | StoreErrorKind::Cluster | StoreErrorKind::Readonly
         )
+    }
+
+    /// Whether the store cannot decide now (every kind but `Other`, which is one call's own failure: a script
+    /// error, bad arguments, a refusal by the open circuit breaker).
+    pub(crate) fn is_unavailable(&self) -> bool {
+        self.kind != StoreErrorKind::Other
     }
 }
 
@@ -206,4 +242,16 @@ fn quoted(line: &Option<String>) -> String {
 
 fn at_line(line: Option<usize>) -> String {
     line.map(|l| format!(":{l}")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreErrorKind;
+
+    #[test]
+    fn every_kind_is_listed_in_declaration_order() {
+        for (i, kind) in StoreErrorKind::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, i, "{}", kind.as_str());
+        }
+    }
 }

@@ -118,7 +118,7 @@ pub fn error_status(error: &Error) -> StatusCode {
         Error::InvalidArgument { .. } | Error::CostAboveCapacity { .. } => StatusCode::BAD_REQUEST,
         Error::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
         Error::ShutDown | Error::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-        Error::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        Error::Config(_) | Error::EvictionPolicy { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -23,9 +23,9 @@ pub mod telemetry;
 
 pub use algorithm::TokenBucket;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
-pub use config::{Config, MetricsConfig, ProcessConfig, RedisConfig};
+pub use config::{Config, MetricsConfig, ProcessConfig, RedisConfig, SentinelConfig};
 pub use decision::{Decision, Permit, Source};
 pub use error::{ConfigError, Error, StoreError, StoreErrorKind};
-pub use limiter::{Limiter, LimiterBuilder, LimiterStats};
+pub use limiter::{Limiter, LimiterBuilder, LimiterStats, Readiness};
 pub use rule::{Algorithm, FailMode, Lease, Override, Quota, Rule};
 pub use store::{BoxFuture, MemoryStore, RedisStore, Store};

@@ -25,7 +25,7 @@ pub const RETURNED_TOKENS_TOTAL: &str = "tokenlease_returned_tokens_total";
 pub const OUTSTANDING_TOKENS: &str = "tokenlease_outstanding_tokens";
 /// Store call latency in seconds, by `script`.
 pub const REDIS_DURATION_SECONDS: &str = "tokenlease_redis_duration_seconds";
-/// Store call failures, by `script` and `kind` (`timeout`/`io`/`noscript`/`cluster`/`other`).
+/// Store call failures, by `script` and `kind` (`timeout`/`io`/`noscript`/`cluster`/`readonly`/`oom`/`other`).
 pub const REDIS_ERRORS_TOTAL: &str = "tokenlease_redis_errors_total";
 /// Keys held in the local lease cache.
 pub const LOCAL_KEYS: &str = "tokenlease_local_keys";
@@ -33,6 +33,13 @@ pub const LOCAL_KEYS: &str = "tokenlease_local_keys";
 pub const QUEUE_DEPTH: &str = "tokenlease_queue_depth";
 /// Time callers waited in a queue, in seconds, by `rule`.
 pub const QUEUE_WAIT_SECONDS: &str = "tokenlease_queue_wait_seconds";
+
+/// 1 while the store is deciding (the last store call or readiness probe succeeded and the circuit breaker is
+/// closed), 0 otherwise; what `/readyz` answers.
+pub const STORE_READY: &str = "tokenlease_store_ready";
+/// 1 when a Redis server's `maxmemory-policy` may evict limiter keys (`allkeys-*`, `volatile-*`: an evicted
+/// bucket comes back full), 0 otherwise; read with `CONFIG GET` at each connection.
+pub const REDIS_EVICTION_UNSAFE: &str = "tokenlease_redis_eviction_unsafe";
 
 /// Histogram buckets for Redis latency: 50 µs to 100 ms.
 pub const REDIS_BUCKETS: &[f64] = &[
@@ -85,7 +92,17 @@ pub fn describe() {
     describe_counter!(
         REDIS_ERRORS_TOTAL,
         Unit::Count,
-        "Failed store script calls by script and kind (timeout, io, noscript, cluster, other)"
+        "Failed store script calls by script and kind (timeout, io, noscript, cluster, readonly, oom, other)"
+    );
+    describe_gauge!(
+        STORE_READY,
+        Unit::Count,
+        "1 while the store is deciding (last call succeeded, breaker closed, writes accepted), else 0"
+    );
+    describe_gauge!(
+        REDIS_EVICTION_UNSAFE,
+        Unit::Count,
+        "1 when Redis maxmemory-policy may evict limiter keys (allkeys-*, volatile-*), else 0"
     );
     describe_gauge!(LOCAL_KEYS, Unit::Count, "Keys held in the local lease cache");
     describe_gauge!(QUEUE_DEPTH, Unit::Count, "Callers waiting in a queue, by rule");
@@ -159,14 +176,13 @@ impl RuleMetrics {
 pub(crate) struct ScriptMetrics {
     pub(crate) duration: Histogram,
     /// One counter per [`StoreErrorKind`], in its declaration order.
-    errors: [Counter; 5],
+    errors: [Counter; StoreErrorKind::ALL.len()],
 }
 
 impl ScriptMetrics {
     pub(crate) fn new(script: &'static str) -> Self {
-        use StoreErrorKind as K;
-        let errors = [K::Timeout, K::Io, K::NoScript, K::Cluster, K::Other]
-            .map(|k| counter!(REDIS_ERRORS_TOTAL, "script" => script, "kind" => k.as_str()));
+        let errors =
+            StoreErrorKind::ALL.map(|k| counter!(REDIS_ERRORS_TOTAL, "script" => script, "kind" => k.as_str()));
         Self {
             duration: histogram!(REDIS_DURATION_SECONDS, "script" => script),
             errors,
@@ -178,6 +194,16 @@ impl ScriptMetrics {
             c.increment(1);
         }
     }
+}
+
+/// Sets [`STORE_READY`].
+pub(crate) fn store_ready(ready: bool) {
+    gauge!(STORE_READY).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// Sets [`REDIS_EVICTION_UNSAFE`].
+pub(crate) fn eviction_unsafe(at_risk: bool) {
+    gauge!(REDIS_EVICTION_UNSAFE).set(if at_risk { 1.0 } else { 0.0 });
 }
 
 /// Sets the number of keys in the local lease cache.

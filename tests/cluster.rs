@@ -1,7 +1,8 @@
 //! Redis Cluster: a real 3-master cluster on loopback (`redis-server --cluster-enabled yes`, `redis-cli --cluster
 //! create`), leases and per-user rules over keys spread across every master, keys holding braces, and a
 //! resharding (`redis-cli --cluster reshard`) in the middle of a run: `MOVED` and `ASK` are followed, no decision
-//! falls back, and no limit is exceeded.
+//! falls back, and no limit is exceeded. And 3 masters with a replica each, a master killed (kill -9) in the
+//! middle of a run: decisions come back from the promoted replica by themselves.
 
 mod common;
 
@@ -15,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use tokenlease::{Config, Limiter, Source};
 
-/// A Redis Cluster of masters only, on free loopback ports; killed on drop.
+/// A Redis Cluster on free loopback ports; killed on drop.
 struct RedisCluster {
     ports: Vec<u16>,
-    children: Vec<Child>,
+    children: Vec<Option<Child>>,
     _dir: tempfile::TempDir,
 }
 
@@ -48,14 +49,21 @@ fn cli(port: u16, args: &[&str]) -> String {
 }
 
 impl RedisCluster {
+    /// Masters only, whose nodes are declared failing after 5 s.
     fn start(masters: usize) -> Self {
+        Self::start_with(masters, 0, 5000)
+    }
+
+    /// `masters` masters with `replicas` replicas each, whose nodes are declared failing after `node_timeout_ms`
+    /// (a replica is promoted soon after its master fails for that long).
+    fn start_with(masters: usize, replicas: usize, node_timeout_ms: u32) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut ports = Vec::new();
         let mut children = Vec::new();
-        for _ in 0..masters {
+        for _ in 0..masters * (1 + replicas) {
             let port = cluster_port(&ports);
             ports.push(port);
-            children.push(spawn_node(dir.path(), port));
+            children.push(Some(spawn_node(dir.path(), port, node_timeout_ms)));
         }
         let cluster = Self {
             ports,
@@ -70,7 +78,7 @@ impl RedisCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -85,7 +93,36 @@ impl RedisCluster {
                 .all(|&p| cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
         });
         assert!(ok, "the cluster did not reach cluster_state:ok");
+        let synced = wait_for(Duration::from_secs(20), || {
+            cluster.ports.iter().all(|&p| {
+                let info = cli(p, &["INFO", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            })
+        });
+        assert!(synced, "the replicas did not sync");
         cluster
+    }
+
+    /// Ports of the nodes that are masters now.
+    fn masters(&self) -> Vec<u16> {
+        let alive = self.ports.iter().zip(&self.children).filter(|(_, c)| c.is_some());
+        alive
+            .filter(|(&p, _)| cli(p, &["ROLE"]).starts_with("master"))
+            .map(|(&p, _)| p)
+            .collect()
+    }
+
+    /// Kills (kill -9) the node on `port`.
+    fn kill(&mut self, port: u16) {
+        let i = self
+            .ports
+            .iter()
+            .position(|&p| p == port)
+            .expect("a node of the cluster");
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     fn config(&self, rules: &str) -> Config {
@@ -124,10 +161,15 @@ impl RedisCluster {
     }
 }
 
-fn spawn_node(dir: &Path, port: u16) -> Child {
+fn spawn_node(dir: &Path, port: u16, node_timeout_ms: u32) -> Child {
     Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            &node_timeout_ms.to_string(),
+        ])
         .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
@@ -140,7 +182,8 @@ fn spawn_node(dir: &Path, port: u16) -> Child {
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
-        for child in &mut self.children {
+        for child in self.children.iter_mut().filter_map(Option::take) {
+            let mut child = child;
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -296,5 +339,90 @@ async fn a_short_timeout_does_not_keep_the_cluster_from_connecting() {
         assert!(Instant::now() < deadline, "never connected: still {:?}", d.source);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    limiter.shutdown().await;
+}
+
+const FAILOVER_RULES: &str = r#"
+[[rule]]
+name = "post"
+algorithm = "token_bucket"
+capacity = 1000000
+rate = 1
+per = "1h"
+
+[[rule]]
+name = "sku"
+algorithm = "token_bucket"
+capacity = 1000000
+rate = 1
+per = "1h"
+lease = { min_batch = 10, max_batch = 100, ttl = "60s" }
+"#;
+
+/// Milliseconds since `start`.
+fn ms_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// 3 masters with a replica each; one master is killed (kill -9) while keys spread over every master are checked:
+/// its replica is promoted, and every key is decided by the cluster again by itself, within a bounded time of the
+/// promotion, with no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_mid_run_is_replaced_by_its_replica() {
+    let mut cluster = RedisCluster::start_with(3, 1, 1000);
+    let limiter = Limiter::from_config(cluster.config_with_timeout(FAILOVER_RULES, "200ms")).expect("limiter");
+    let keys: Arc<Vec<String>> = Arc::new((0..40).map(|i| format!("user:{i}")).collect());
+    // When (ms since the start) each key was last decided by the cluster.
+    let decided: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..4 {
+        let (limiter, keys, decided, stop) = (limiter.clone(), keys.clone(), decided.clone(), stop.clone());
+        tasks.spawn(async move {
+            while !stop.load(Ordering::Acquire) {
+                for (i, key) in keys.iter().enumerate().filter(|(i, _)| i % 4 == t) {
+                    let d = limiter.check("post", key, 1).await.expect("check");
+                    if d.source == Source::Redis {
+                        decided[i].fetch_max(ms_since(start), Ordering::Relaxed);
+                    }
+                    let _ = limiter.check("sku", key, 1).await.expect("check");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+    }
+
+    // real time: the cluster answers, then a master dies and its replica takes over.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        decided.iter().all(|d| d.load(Ordering::Relaxed) > 0),
+        "a key was never decided by the cluster"
+    );
+    let victim = cluster.masters()[0];
+    let keys_on_victim = cluster.keys_on(victim);
+    cluster.kill(victim);
+    let killed_ms = ms_since(start);
+    let promoted = common::wait_for(Duration::from_secs(30), || {
+        (cluster.masters().len() == 3).then(|| ms_since(start))
+    });
+    let promoted_ms = promoted.expect("no replica was promoted");
+    let back = common::wait_for(Duration::from_secs(10), || {
+        decided
+            .iter()
+            .all(|d| d.load(Ordering::Relaxed) > promoted_ms)
+            .then(|| ms_since(start))
+    });
+    stop.store(true, Ordering::Release);
+    while let Some(ended) = tasks.join_next().await {
+        ended.expect("no check failed or panicked");
+    }
+    let back_ms = back.unwrap_or_else(|| panic!("keys not decided by the cluster within 10 s of the promotion"));
+    eprintln!(
+        "cluster failover: master {victim} ({keys_on_victim} keys) killed at {killed_ms} ms, its replica promoted \
+         at {promoted_ms} ms (+{} ms), every key decided by the cluster again at {back_ms} ms (+{} ms)",
+        promoted_ms - killed_ms,
+        back_ms.saturating_sub(promoted_ms)
+    );
     limiter.shutdown().await;
 }

@@ -52,7 +52,13 @@ const BAD: &[(&str, &[&str])] = &[
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1s\"\n[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", ":6", "earlier rule"]),
     ("[redis]\nurl = \"http://localhost\"\n", &["[redis]", "`url`"]),
     ("[redis]\ntimeout = \"5ms\"\n", &["[redis]", "`url`", "is required", "cluster"]),
-    ("[redis]\nurl = \"redis://a\"\ncluster = [\"redis://b:7000\"]\n", &["`url`", "both set"]),
+    ("[redis]\nurl = \"redis://a\"\ncluster = [\"redis://b:7000\"]\n", &["`url`", "together with `cluster`"]),
+    ("[redis]\nurl = \"redis://a\"\nsentinel = { master_name = \"m\", nodes = [\"redis://s:26379\"] }\n", &["`url`", "together with `sentinel`"]),
+    ("[redis]\ncluster = [\"redis://b:7000\"]\nsentinel = { master_name = \"m\", nodes = [\"redis://s:26379\"] }\n", &["`cluster`", "together with `sentinel`"]),
+    ("[redis]\nsentinel = { master_name = \"\", nodes = [\"redis://s:26379\"] }\n", &["`sentinel.master_name`", "empty"]),
+    ("[redis]\nsentinel = { master_name = \"m\", nodes = [] }\n", &["`sentinel.nodes`", "at least one"]),
+    ("[redis]\nsentinel = { master_name = \"m\", nodes = [\"s:26379\"] }\n", &["`sentinel.nodes`", "`s:26379` is not a redis:// URL"]),
+    ("[redis]\nsentinel = { master_name = \"m\", nodes = [\"redis://s:26379\"], quorum = 2 }\n", &["unknown field `quorum`"]),
     ("[redis]\ncluster = [\"redis://b:7000\", \"b:7001\"]\n", &["`cluster`", "`b:7001` is not a redis:// URL"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\nfail_mode = \"sometimes\"\n", &["sometimes", ":3"]),
     ("[redis]\nurl = \"redis://127.0.0.1\"\ntimeout = \"0ms\"\n", &["`timeout`"]),
@@ -170,6 +176,19 @@ fn a_cluster_is_a_list_of_nodes() {
     let redis = config.redis.expect("[redis]");
     assert_eq!(redis.cluster, ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
     assert!(redis.url.is_empty());
+}
+
+#[test]
+fn sentinel_names_the_master_and_its_sentinels() {
+    let text = "[redis]\nsentinel = { master_name = \"mymaster\", nodes = [\"redis://127.0.0.1:26379\"] }\nrequire_noeviction = true\n";
+    let redis = Config::from_toml(text)
+        .expect("sentinel config")
+        .redis
+        .expect("[redis]");
+    let sentinel = redis.sentinel.expect("sentinel");
+    assert_eq!(sentinel.master_name, "mymaster");
+    assert_eq!(sentinel.nodes, ["redis://127.0.0.1:26379"]);
+    assert!(redis.url.is_empty() && redis.cluster.is_empty() && redis.require_noeviction);
 }
 
 #[test]

@@ -19,7 +19,7 @@ use crate::queue::Queue;
 use crate::rule::{self, FailMode, Rule};
 use crate::store::call::Members;
 use crate::store::guarded::{Guarded, Timeouts};
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::store::{eviction, MemoryStore, RedisStore, Store};
 use crate::telemetry;
 
 /// Builds a [`Limiter`] in code.
@@ -199,12 +199,16 @@ impl Limiter {
         LimiterBuilder::default()
     }
 
-    /// A limiter from a validated [`Config`]: a [`RedisStore`] when `[redis]` is set (connected lazily, so
-    /// Redis may be down at start), the in-process store otherwise.
+    /// A limiter from a validated [`Config`]: a [`RedisStore`] when `[redis]` is set (one server, a Cluster or
+    /// the master Sentinel names; connected lazily, so Redis may be down at start), the in-process store
+    /// otherwise. The store reads each server's `maxmemory-policy` when it connects and warns about one that may
+    /// evict limiter keys; with `[redis] require_noeviction = true` it is read here, before anything starts.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when called outside a tokio runtime with `[redis]` set, or the Redis URL is
-    /// malformed; see also [`LimiterBuilder::build`].
+    /// malformed; with `require_noeviction`, [`Error::EvictionPolicy`] naming a server whose `maxmemory-policy`
+    /// may evict limiter keys, or [`Error::Store`] when a server cannot be reached to read it (a server that
+    /// refuses `CONFIG` only gives a warning); see also [`LimiterBuilder::build`].
     pub fn from_config(config: Config) -> Result<Self, Error> {
         let mut builder = Self::builder()
             .rules(config.rules)
@@ -214,10 +218,13 @@ impl Limiter {
             if tokio::runtime::Handle::try_current().is_err() {
                 return Err(rule::invalid(("runtime", "a Redis store needs a tokio runtime".into())));
             }
-            let store = if redis.cluster.is_empty() {
-                RedisStore::connect(&redis.url, redis.timeout)?
-            } else {
-                RedisStore::connect_cluster(&redis.cluster, redis.timeout)?
+            if redis.require_noeviction {
+                eviction::require_noeviction(&redis)?;
+            }
+            let store = match &redis.sentinel {
+                Some(s) => RedisStore::connect_sentinel(&s.master_name, &s.nodes, redis.timeout)?,
+                None if redis.cluster.is_empty() => RedisStore::connect(&redis.url, redis.timeout)?,
+                None => RedisStore::connect_cluster(&redis.cluster, redis.timeout)?,
             };
             builder = builder
                 .store(Arc::new(store))

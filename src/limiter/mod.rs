@@ -24,10 +24,12 @@ use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
 use crate::store::call::{store_key, Call, Members};
 
 mod builder;
+mod health;
 mod lifecycle;
 mod reload;
 
 pub use builder::LimiterBuilder;
+pub use health::Readiness;
 
 /// Rules built in code that are compiled once and kept; beyond this many, each call compiles its rule.
 const MAX_ADHOC_RULES: usize = 1024;

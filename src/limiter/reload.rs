@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::builder::compile_keeping;
 use super::Limiter;
-use crate::config::{Config, RedisConfig};
+use crate::config::Config;
 use crate::error::Error;
 use crate::rule;
 
@@ -22,24 +22,20 @@ impl Limiter {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `rule` for duplicate rule names, or `redis` when the store's settings
-    /// (url, cluster, key prefix, timeout, expected processes) differ: those need a restart. Nothing changes then.
+    /// (all of `[redis]` but `fail_mode`) differ: those need a restart. Nothing changes then.
     /// [`Error::ShutDown`] after [`Limiter::shutdown`].
     pub fn reload(&self, config: Config) -> Result<(), Error> {
         let engine = &self.inner.engine;
         if engine.background.is_closed() {
             return Err(Error::ShutDown);
         }
-        let store_settings = |r: &RedisConfig| {
-            (
-                r.url.clone(),
-                r.cluster.clone(),
-                r.key_prefix.clone(),
-                r.timeout,
-                r.expected_processes,
-            )
+        let same_store = match (&self.inner.redis, &config.redis) {
+            (Some(old), Some(new)) => old.same_store(new),
+            (old, new) => old.is_none() && new.is_none(),
         };
-        if self.inner.redis.as_ref().map(store_settings) != config.redis.as_ref().map(store_settings) {
-            let why = "the store's settings (url, cluster, key_prefix, timeout, expected_processes) change only with a restart";
+        if !same_store {
+            let why = "the store's settings (url, cluster, sentinel, key_prefix, timeout, expected_processes, \
+                       require_noeviction) change only with a restart";
             return Err(rule::invalid(("redis", why.into())));
         }
         let old = self.inner.rules.load_full();

@@ -2,8 +2,8 @@
 //! and bounded by the limiter's timeouts. The Redis latency and error metrics are recorded by the Redis store
 //! itself, where the script and the error kind are known.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::breaker::{Admit, Breaker};
@@ -12,6 +12,7 @@ use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::decision::Source;
 use crate::error::{StoreError, StoreErrorKind};
+use crate::telemetry;
 
 /// Transient store failures in a row that open the circuit breaker (it then stays open for 500 ms or the
 /// timeout, whichever is longer, and lets one probe through).
@@ -43,26 +44,83 @@ impl Timeouts {
     }
 }
 
-/// A store behind a circuit breaker, with a count of its calls.
+/// A store behind a circuit breaker, with a count of its calls and the outcome of the last.
 #[derive(Debug)]
 pub(crate) struct Guarded {
     store: Arc<dyn Store>,
     breaker: Breaker,
     clock: Arc<dyn Clock>,
     calls: AtomicU64,
+    /// The last call that reached the store succeeded (or none has failed yet); the gauge `store_ready`.
+    answered: AtomicBool,
+    /// The error of the last call that failed while the store was unavailable.
+    last_error: Mutex<Option<String>>,
     pub(crate) timeouts: Timeouts,
 }
 
 impl Guarded {
     /// Guards `store`; the breaker reads `clock`.
     pub(crate) fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, timeouts: Timeouts) -> Self {
+        // Registered now, so a scrape shows it before the first call: no call has failed yet.
+        telemetry::store_ready(true);
         Self {
             store,
             breaker: Breaker::new(BREAKER_FAILURES, Duration::from_millis(500).max(timeouts.call)),
             clock,
             calls: AtomicU64::new(0),
+            answered: AtomicBool::new(true),
+            last_error: Mutex::new(None),
             timeouts,
         }
+    }
+
+    /// Notes how a call that reached the store ended, for readiness: a store error (not one call's own, such
+    /// as a script error) makes the store unavailable until a call succeeds.
+    fn note<T>(&self, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => {
+                if !self.answered.swap(true, Ordering::AcqRel) {
+                    telemetry::store_ready(true);
+                }
+            }
+            Err(e) if e.is_unavailable() => {
+                *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+                if self.answered.swap(false, Ordering::AcqRel) {
+                    telemetry::store_ready(false);
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Whether the store decides now: the breaker is closed (or lets this probe through) and the store's probe
+    /// succeeds (for Redis: it answers and accepts writes). The probe counts as a call for the breaker.
+    ///
+    /// # Errors
+    /// The probe's error, or one of kind `Other` naming the last store error when the breaker is open.
+    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        if self.breaker.admit(self.clock.now_ns()) == Admit::No {
+            let last = self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            return Err(StoreError {
+                kind: StoreErrorKind::Other,
+                script: "probe",
+                message: format!(
+                    "circuit open: the store failed repeatedly; last error: {}",
+                    last.as_deref().unwrap_or("none")
+                ),
+                source: None,
+            });
+        }
+        let result = self.store.probe().await;
+        self.breaker
+            .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
+        self.note(&result);
+        result
+    }
+
+    /// The unsafe `maxmemory-policy` the store reported, if any.
+    pub(crate) fn eviction_policy(&self) -> Option<String> {
+        self.store.eviction_policy()
     }
 
     /// Runs a call unless the breaker is open.
@@ -82,6 +140,7 @@ impl Guarded {
         let result = self.store.run(call).await;
         self.breaker
             .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
+        self.note(&result);
         result
     }
 

@@ -12,6 +12,8 @@ use crate::error::{StoreError, StoreErrorKind};
 
 pub(crate) mod breaker;
 pub(crate) mod call;
+mod connect;
+pub(crate) mod eviction;
 pub(crate) mod guarded;
 pub(crate) mod memory;
 pub(crate) mod redis;
@@ -48,6 +50,21 @@ pub trait Store: sealed::Sealed + Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// The store's error.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Whether the store would decide now: it answers and accepts writes (for Redis, a script that writes
+    /// nothing but is refused as a write would be: `READONLY` on a replica, `OOM` over `maxmemory`).
+    ///
+    /// # Errors
+    /// The store's error: kind `Readonly`, `Oom`, `Timeout`, `Io`...
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.ping()
+    }
+
+    /// The `maxmemory-policy` of a Redis server of the store that may evict the limiter's keys (an evicted
+    /// bucket comes back full), when one reported such a policy; `None` otherwise and for the in-process store.
+    fn eviction_policy(&self) -> Option<String> {
+        None
+    }
 }
 
 impl sealed::Sealed for MemoryStore {}

@@ -1,9 +1,10 @@
 //! The Redis store: each call is one `EVALSHA` of a script of `lua/` (`EVAL` and a reload on `NOSCRIPT`,
-//! which `redis::Script` does), under a timeout, over a [`ConnectionManager`] that reconnects by itself, or a
-//! Redis Cluster connection that follows `MOVED` and `ASK` redirections and refreshes its slot map. Every key a
-//! script touches shares one hash tag (`{rule:key}`), so each call goes to one slot (docs/ARCHITECTURE.md, invariant 5).
+//! which `redis::Script` does), under a timeout, on one server (given by its URL, or as the master Redis
+//! Sentinel names) or on a Redis Cluster that follows `MOVED` and `ASK` redirections and refreshes its slot map.
+//! Every key a script touches shares one hash tag (`{rule:key}`), so each call goes to one slot
+//! (docs/ARCHITECTURE.md, invariant 5). The connections, and how they follow a failover, are `connect.rs`'s.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -12,6 +13,8 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::watch;
 
 use super::call::{Arg, Call, Script};
+use super::connect::{self, tcp_settings, Single, Target};
+use super::eviction::EvictionWatch;
 use super::{BoxFuture, Store};
 use crate::algorithm::Reply;
 use crate::decision::Source;
@@ -22,15 +25,21 @@ use crate::telemetry::ScriptMetrics;
 static SCRIPTS: LazyLock<[redis::Script; Script::ALL.len()]> =
     LazyLock::new(|| Script::ALL.map(|s| redis::Script::new(s.source())));
 
+/// The readiness probe: a script that writes nothing but declares no `no-writes` flag, so Redis 7 refuses it
+/// as it would refuse a write: `READONLY` on a replica, `OOM` over `maxmemory`. (Before Redis 7 the shebang
+/// does not compile, and the probe falls back to `PING`.)
+static PROBE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new("#!lua\nreturn 1\n"));
+
 fn script(s: Script) -> &'static redis::Script {
     &SCRIPTS[s as usize]
 }
 
-/// The connection: one server, or a cluster's, published by the task that connects it in the background (so
-/// the cluster may be down at start, and a call that times out does not abort the connecting).
+/// The connection: one server's (by URL or through Sentinel), or a cluster's, published by the task that
+/// connects it in the background (so the cluster may be down at start, and a call that times out does not
+/// abort the connecting).
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    Single(Single),
     Cluster(watch::Receiver<Option<ClusterConnection>>),
 }
 
@@ -68,12 +77,13 @@ impl redis::aio::ConnectionLike for Active {
     }
 }
 
-/// Runs the scripts against one Redis server or a Redis Cluster.
+/// Runs the scripts against one Redis server (by URL or through Sentinel) or a Redis Cluster.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
     timeout: Duration,
     metrics: Vec<ScriptMetrics>,
+    eviction: Arc<EvictionWatch>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -84,31 +94,58 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// A connect error of kind `Other`.
+fn connect_error(message: String, source: Option<redis::RedisError>) -> StoreError {
+    StoreError {
+        kind: StoreErrorKind::Other,
+        script: "connect",
+        message,
+        source: source.map(|e| Box::new(e) as _),
+    }
+}
+
+/// The running tokio runtime.
+fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
+    tokio::runtime::Handle::try_current()
+        .map_err(|_| connect_error("a Redis store must be created inside a tokio runtime".into(), None))
+}
+
+/// How long one attempt to connect (or to find the master) may take: ten call timeouts, at least 1 s.
+fn attempt(timeout: Duration) -> Duration {
+    timeout.saturating_mul(10).max(Duration::from_secs(1))
+}
+
 impl RedisStore {
     /// A store for `url` whose every call gives up after `timeout`. It connects lazily, on the first call, and
-    /// reconnects by itself after a failure, so it can be built while Redis is down. Needs a tokio runtime.
+    /// reconnects by itself after a failure, so it can be built while Redis is down; a server that refuses
+    /// writes (`READONLY`: demoted to a replica) is connected to again. Needs a tokio runtime.
     ///
     /// # Errors
     /// [`StoreError`] of kind `Other` when the URL is malformed or no tokio runtime is running.
     pub fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let err = |e: redis::RedisError| StoreError {
-            kind: StoreErrorKind::Other,
-            script: "connect",
-            message: e.to_string(),
-            source: Some(Box::new(e)),
-        };
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(StoreError {
-                kind: StoreErrorKind::Other,
-                script: "connect",
-                message: "a Redis store must be created inside a tokio runtime".into(),
-                source: None,
-            });
-        }
+        let runtime = runtime()?;
+        let err = |e: redis::RedisError| connect_error(e.to_string(), Some(e));
         let info = redis::IntoConnectionInfo::into_connection_info(url)
             .map_err(err)?
             .set_tcp_settings(tcp_settings());
         let client = redis::Client::open(info).map_err(err)?;
+        Ok(Self::single(&runtime, Target::Url(client), timeout))
+    }
+
+    /// A store for the master that the Redis Sentinels at `nodes` (`redis://host:port` of the Sentinels) monitor
+    /// as `master_name`, whose every call gives up after `timeout`. A background task asks the Sentinels for the
+    /// master (so they may be down at start; calls wait for it within their timeout), and asks again after a
+    /// call fails, times out or meets `READONLY`: a failover is followed by itself.
+    ///
+    /// # Errors
+    /// [`StoreError`] of kind `Other` when `nodes` is empty, a URL is malformed, or no tokio runtime is running.
+    pub fn connect_sentinel(master_name: &str, nodes: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        let runtime = runtime()?;
+        let target = Target::sentinel(nodes, master_name).map_err(|e| connect_error(e.to_string(), Some(e)))?;
+        Ok(Self::single(&runtime, target, timeout))
+    }
+
+    fn single(runtime: &tokio::runtime::Handle, target: Target, timeout: Duration) -> Self {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
             // The connection's own limit only backs up the per-call timeouts below; it must not cut a lease
@@ -116,8 +153,9 @@ impl RedisStore {
             .set_response_timeout(Some(timeout.saturating_mul(10).max(Duration::from_millis(100))))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(err)?;
-        Ok(Self::with_conn(Conn::Single(conn), timeout))
+        let eviction = Arc::new(EvictionWatch::default());
+        let single = Single::spawn(runtime, target, config, attempt(timeout), eviction.clone());
+        Self::with_conn(Conn::Single(single), timeout, eviction)
     }
 
     /// A store for the Redis Cluster reached through `nodes` (`redis://host:port` of some of its masters), whose
@@ -129,18 +167,7 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError`] of kind `Other` when `nodes` is empty, a URL is malformed, or no tokio runtime is running.
     pub fn connect_cluster(nodes: &[String], timeout: Duration) -> Result<Self, StoreError> {
-        let other = |message: String, source: Option<redis::RedisError>| StoreError {
-            kind: StoreErrorKind::Other,
-            script: "connect",
-            message,
-            source: source.map(|e| Box::new(e) as _),
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(other(
-                "a Redis store must be created inside a tokio runtime".into(),
-                None,
-            ));
-        };
+        let runtime = runtime()?;
         let client = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(timeout.max(Duration::from_millis(100)))
             // As for one server: the longest a lease may wait; calls have their own, shorter, timeouts.
@@ -149,37 +176,32 @@ impl RedisStore {
             .max_retry_wait(100)
             .tcp_settings(tcp_settings())
             .build()
-            .map_err(|e| other(e.to_string(), Some(e)))?;
-        let (publish, conn) = watch::channel(None);
-        let attempt = timeout.saturating_mul(10).max(Duration::from_secs(1));
-        runtime.spawn(async move {
-            let mut backoff = Duration::from_millis(50);
-            while !publish.is_closed() {
-                match tokio::time::timeout(attempt, client.get_async_connection()).await {
-                    Ok(Ok(connection)) => {
-                        let _ = publish.send(Some(connection));
-                        return;
-                    }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "cluster connection failed; retrying"),
-                    Err(_) => tracing::debug!(?attempt, "cluster connection timed out; retrying"),
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-        });
-        Ok(Self::with_conn(Conn::Cluster(conn), timeout))
+            .map_err(|e| connect_error(e.to_string(), Some(e)))?;
+        let infos = nodes
+            .iter()
+            .map(|n| redis::IntoConnectionInfo::into_connection_info(n.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| connect_error(e.to_string(), Some(e)))?;
+        let eviction = Arc::new(EvictionWatch::default());
+        let conn = connect::spawn_cluster(&runtime, client, infos, attempt(timeout), eviction.clone());
+        Ok(Self::with_conn(Conn::Cluster(conn), timeout, eviction))
     }
 
-    fn with_conn(conn: Conn, timeout: Duration) -> Self {
+    fn with_conn(conn: Conn, timeout: Duration, eviction: Arc<EvictionWatch>) -> Self {
         let metrics = Script::ALL.iter().map(|s| ScriptMetrics::new(s.name())).collect();
-        Self { conn, timeout, metrics }
+        Self {
+            conn,
+            timeout,
+            metrics,
+            eviction,
+        }
     }
 
-    /// The connection to send a call on; for a cluster not connected yet, once it is (callers bound the wait
+    /// The connection to send a call on; for a connection not made yet, once it is (callers bound the wait
     /// with their timeout).
     async fn active(&self) -> redis::RedisResult<Active> {
         match &self.conn {
-            Conn::Single(conn) => Ok(Active::Single(conn.clone())),
+            Conn::Single(single) => Ok(Active::Single(single.connection().await?.0)),
             Conn::Cluster(conn) => {
                 let mut conn = conn.clone();
                 let ready = conn.wait_for(Option::is_some).await;
@@ -192,6 +214,27 @@ impl RedisStore {
                 }
             }
         }
+    }
+
+    /// Runs `f` on the connection within `timeout`, classifies its error and tells the connection's task about
+    /// it (which may connect again).
+    async fn on_connection<T, F>(&self, name: &'static str, timeout: Duration, f: F) -> Result<T, StoreError>
+    where
+        F: AsyncFnOnce(&mut Active) -> redis::RedisResult<T>,
+    {
+        let generation = match &self.conn {
+            Conn::Single(single) => single.generation(),
+            Conn::Cluster(_) => 0,
+        };
+        let call = async { f(&mut self.active().await?).await };
+        let result = match tokio::time::timeout(timeout, call).await {
+            Err(_) => Err(StoreError::timeout(name, timeout)),
+            Ok(result) => result.map_err(|e| classify(name, e)),
+        };
+        if let (Err(e), Conn::Single(single)) = (&result, &self.conn) {
+            single.failed(generation, e.kind);
+        }
+        result
     }
 
     /// The timeout of every call.
@@ -214,38 +257,37 @@ impl RedisStore {
         let metrics = self.metrics.get(call.script() as usize);
         let started = Instant::now();
         let timeout = call.timeout.unwrap_or(self.timeout);
-        let invoke = async { invocation.invoke_async::<Vec<i64>>(&mut self.active().await?).await };
-        let result = tokio::time::timeout(timeout, invoke).await;
+        let name = call.script().name();
+        let result = self
+            .on_connection(name, timeout, async |conn| {
+                invocation.invoke_async::<Vec<i64>>(conn).await
+            })
+            .await;
         if let Some(m) = metrics {
             m.duration.record(started.elapsed().as_secs_f64());
         }
-        let name = call.script().name();
-        let outcome = match result {
-            Err(_) => Err(StoreError::timeout(name, timeout)),
-            Ok(Err(e)) => Err(classify(name, e)),
-            Ok(Ok(values)) => match <[i64; 4]>::try_from(values) {
-                Ok(v) => Ok(Reply::from_wire(v)),
-                Err(v) => Err(StoreError {
-                    kind: StoreErrorKind::Other,
-                    script: name,
-                    message: format!("expected 4 integers, got {v:?}"),
-                    source: None,
-                }),
-            },
-        };
+        let outcome = result.and_then(|values| match <[i64; 4]>::try_from(values) {
+            Ok(v) => Ok(Reply::from_wire(v)),
+            Err(v) => Err(StoreError {
+                kind: StoreErrorKind::Other,
+                script: name,
+                message: format!("expected 4 integers, got {v:?}"),
+                source: None,
+            }),
+        });
         if let (Err(e), Some(m)) = (&outcome, metrics) {
             m.error(e.kind);
         }
         outcome
     }
+
+    /// The probe's timeout: the call timeout, at least 200 ms.
+    fn probe_timeout(&self) -> Duration {
+        self.timeout.max(Duration::from_millis(200))
+    }
 }
 
-/// `TCP_NODELAY`: a call written while another is unanswered goes out at once instead of waiting for the
-/// other's reply to carry the ACK (Nagle), which doubled the latency of overlapping calls (`benches/latency.rs`).
-fn tcp_settings() -> redis::io::tcp::TcpSettings {
-    redis::io::tcp::TcpSettings::default().set_nodelay(true)
-}
-
+/// The kind of a Redis error, from redis-rs's own predicates and the reply's error code.
 fn classify(script: &'static str, e: redis::RedisError) -> StoreError {
     let kind = if e.is_timeout() {
         StoreErrorKind::Timeout
@@ -253,6 +295,10 @@ fn classify(script: &'static str, e: redis::RedisError) -> StoreError {
         StoreErrorKind::Io
     } else if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
         StoreErrorKind::NoScript
+    } else if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly) {
+        StoreErrorKind::Readonly
+    } else if e.code() == Some("OOM") {
+        StoreErrorKind::Oom
     } else if e.is_cluster_error() {
         StoreErrorKind::Cluster
     } else {
@@ -277,16 +323,23 @@ impl Store for RedisStore {
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let ping = async {
-                redis::cmd("PING")
-                    .query_async::<String>(&mut self.active().await?)
-                    .await
-            };
-            match tokio::time::timeout(self.timeout.max(Duration::from_millis(200)), ping).await {
-                Err(_) => Err(StoreError::timeout("ping", self.timeout)),
-                Ok(Err(e)) => Err(classify("ping", e)),
-                Ok(Ok(_)) => Ok(()),
+            let ping = async |conn: &mut Active| redis::cmd("PING").query_async::<String>(conn).await;
+            self.on_connection("ping", self.probe_timeout(), ping).await.map(drop)
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let probe = async |conn: &mut Active| PROBE.prepare_invoke().invoke_async::<i64>(conn).await;
+            match self.on_connection("probe", self.probe_timeout(), probe).await {
+                // A server before Redis 7 (the shebang does not compile): whether it answers.
+                Err(e) if e.kind == StoreErrorKind::Other => self.ping().await,
+                result => result.map(drop),
             }
         })
+    }
+
+    fn eviction_policy(&self) -> Option<String> {
+        self.eviction.policy_at_risk()
     }
 }

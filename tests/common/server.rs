@@ -29,8 +29,8 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     dir: PathBuf,
-    /// Arguments after the defaults (later ones win): `--appendonly yes`, `--maxmemory 2mb`, ...
-    extra: Vec<String>,
+    /// Arguments added to the defaults (`--maxmemory-policy allkeys-lru`, `--replicaof host port`, ...).
+    args: Vec<String>,
 }
 
 /// A loopback port nobody listens on (bound once, then released).
@@ -45,21 +45,46 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
-    /// Starts a server with `extra` arguments after the defaults (no persistence), e.g.
-    /// `["--appendonly", "yes", "--appendfsync", "always"]`: a restart then reloads what was written.
-    pub fn start_with(extra: &[&str]) -> Self {
+    /// Starts a server on a free port with `args` added to the defaults (e.g. `["--maxmemory", "64mb",
+    /// "--maxmemory-policy", "allkeys-lru"]`, or `["--rename-command", "CONFIG", ""]` for a managed Redis that
+    /// refuses CONFIG), and waits until it answers PING. The arguments apply again on `restart`.
+    pub fn start_with(args: &[&str]) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+        let args = args.iter().map(|a| (*a).to_owned()).collect();
         let mut server = Self {
             port,
             child: None,
             dir,
-            extra,
+            args,
         };
         server.spawn();
         server
+    }
+
+    /// Starts a replica of `master` on a free port and waits until its link to the master is up.
+    pub fn replica_of(master: &RedisServer) -> Self {
+        let master_port = master.port.to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &master_port]);
+        let synced = wait_for(Duration::from_secs(10), || {
+            let info = replica.cmd(&["INFO", "replication"]).unwrap_or_default();
+            info.contains("master_link_status:up").then_some(())
+        });
+        assert!(
+            synced.is_some(),
+            "the replica on {} did not sync with {}",
+            replica.port,
+            master.port
+        );
+        replica
+    }
+
+    /// The server's replication role (`master`, `slave`), from `ROLE`.
+    pub fn role(&self) -> String {
+        self.cmd(&["ROLE"])
+            .and_then(|out| out.lines().next().map(|l| l.trim().to_owned()))
+            .unwrap_or_default()
     }
 
     fn spawn(&mut self) {
@@ -76,7 +101,7 @@ impl RedisServer {
             ])
             .arg("--dir")
             .arg(&self.dir)
-            .args(&self.extra)
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -68,7 +68,11 @@ fn load_config(path: &PathBuf, redis: Option<&str>) -> Result<Config, String> {
     };
     match (redis, config.redis.as_mut()) {
         (Some("memory"), _) => config.redis = None,
-        (Some(url), Some(r)) => r.url = url.to_owned(),
+        (Some(url), Some(r)) => {
+            r.url = url.to_owned();
+            r.cluster.clear();
+            r.sentinel = None;
+        }
         (Some(url), None) => {
             let toml = format!("[redis]\nurl = \"{url}\"\n");
             config.redis = Config::from_toml(&toml).map_err(|e| e.to_string())?.redis;
@@ -144,6 +148,13 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
             }
         }
     };
+
+    // `[redis] require_noeviction` is checked once here, rather than by every worker.
+    if let (Some(url), Some(true)) = (&url, config.redis.as_ref().map(|r| r.require_noeviction)) {
+        let config = load_config(&args.config, Some(url))?;
+        rt.block_on(async { tokenlease::Limiter::from_config(config).map(drop) })
+            .map_err(|e| e.to_string())?;
+    }
 
     let run_id = epoch_us();
     let start_at_ms = epoch_us() / 1000 + 1500;

@@ -27,7 +27,7 @@ enum Command {
     },
     /// Simulate a flash sale: P processes × T tasks hammering one hot key.
     FlashSale(flash_sale::Args),
-    /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, GET /metrics, GET /healthz.
+    /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, GET /metrics, GET /livez, GET /readyz.
     Serve(serve::Args),
     /// One worker process of `flash-sale` (spawned by it).
     #[command(hide = true)]
@@ -86,10 +86,10 @@ fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
     match &config.redis {
         Some(r) => println!(
             "  store: {} (timeout {:?}, fail_mode {})",
-            if r.cluster.is_empty() {
-                format!("redis {}", r.url)
-            } else {
-                format!("redis cluster {}", r.cluster.join(", "))
+            match &r.sentinel {
+                Some(s) => format!("redis sentinel master `{}` via {}", s.master_name, s.nodes.join(", ")),
+                None if r.cluster.is_empty() => format!("redis {}", r.url),
+                None => format!("redis cluster {}", r.cluster.join(", ")),
             },
             r.timeout,
             r.fail_mode.as_str()

@@ -5,7 +5,9 @@
 //! | `POST /v1/check` `{rule, key, cost?}` | 200 or 429 with the decision as JSON and the rate-limit headers |
 //! | `POST /v1/acquire` `{rule, key, cost?}` | waits for a queue slot (at most the rule's `max_wait`): 200, or 429 |
 //! | `GET /metrics` | the Prometheus metrics |
-//! | `GET /healthz` | 200 when the store answers, 503 when not |
+//! | `GET /livez` | 200 while the process answers (liveness) |
+//! | `GET /readyz` | 200 while the store is deciding, 503 with the reason when not (readiness) |
+//! | `GET /healthz` | the same as `/readyz` |
 //!
 //! SIGHUP reloads the config file (a file that does not parse changes nothing); SIGTERM or Ctrl-C stop
 //! accepting requests, answer callers waiting in a queue 503, let the other requests in flight finish (at most
@@ -38,7 +40,7 @@ const GRACE: Duration = Duration::from_secs(10);
 /// How often the Prometheus recorder drains its histograms.
 const UPKEEP: Duration = Duration::from_secs(5);
 
-/// Serve the limiter over HTTP (check, acquire, /metrics, /healthz).
+/// Serve the limiter over HTTP (check, acquire, /metrics, /livez, /readyz).
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The config file; SIGHUP reloads it.
@@ -84,7 +86,9 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .route("/v1/check", post(check))
         .route("/v1/acquire", post(acquire))
         .route("/metrics", get(render_metrics))
-        .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/healthz", get(readyz))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state);
     // Signals are caught from before the socket is bound: none can kill the process with its default action.
@@ -266,13 +270,30 @@ async fn render_metrics(State(state): State<AppState>) -> Response {
     response
 }
 
-async fn healthz(State(state): State<AppState>) -> Response {
+/// Liveness: the process answers (it does not ask the store: a failing Redis is no reason to restart it).
+async fn livez() -> Response {
+    json_response(StatusCode::OK, &json!({ "status": "ok" }))
+}
+
+/// Readiness ([`Limiter::readiness`]): 200 while the store is deciding, 503 with the reason when not (a
+/// `READONLY` or `OOM` reply, a timeout, an open circuit breaker). A `maxmemory-policy` that may evict limiter
+/// keys is named in the body.
+async fn readyz(State(state): State<AppState>) -> Response {
     let store = state.limiter.store_source().as_str();
-    match state.limiter.ping().await {
-        Ok(()) => json_response(StatusCode::OK, &json!({ "status": "ok", "store": store })),
-        Err(e) => json_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &json!({ "status": "unavailable", "store": store, "error": e.to_string() }),
-        ),
+    let readiness = state.limiter.readiness().await;
+    let mut body = json!({ "status": "ok", "store": store });
+    if let Some(policy) = &readiness.eviction_policy {
+        body["maxmemory_policy"] = json!(policy);
+        body["warning"] = json!("this maxmemory-policy may evict limiter keys: an evicted bucket comes back full");
     }
+    if let Some(reason) = &readiness.reason {
+        body["status"] = json!("unavailable");
+        body["error"] = json!(reason);
+    }
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(status, &body)
 }

@@ -1,0 +1,160 @@
+//! `[redis]` of config.toml: where the store is (one server's `url`, a `cluster`'s nodes, or the `sentinel`s
+//! naming the master), its keys, timeout, fail mode and eviction check, and their checks (the builder uses
+//! those of the key prefix and of the number of processes too). A reload may change only `fail_mode`.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::FieldError;
+use crate::rule::{positive, FailMode};
+
+/// `[redis]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://host:port/db` of one server; empty when `cluster` or `sentinel` is set.
+    #[serde(default)]
+    pub url: String,
+    /// `redis://host:port` of some masters of a Redis Cluster (the others are discovered); empty otherwise.
+    /// Exactly one of `url`, `cluster` and `sentinel` is set.
+    #[serde(default)]
+    pub cluster: Vec<String>,
+    /// The Sentinel deployment whose master is the store; `None` otherwise.
+    #[serde(default)]
+    pub sentinel: Option<SentinelConfig>,
+    /// Refuse to start on a Redis whose `maxmemory-policy` may evict limiter keys (`allkeys-*`, `volatile-*`):
+    /// an evicted bucket comes back full. Default `false`: a warning and `tokenlease_redis_eviction_unsafe`.
+    #[serde(default)]
+    pub require_noeviction: bool,
+    /// Prefix of every key: `{prefix}:{rule:key}`.
+    #[serde(default = "default_prefix")]
+    pub key_prefix: String,
+    /// Timeout of every Redis call (humantime, e.g. `"5ms"`).
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// What to do when Redis fails: `open`, `closed` or `local`.
+    #[serde(default)]
+    pub fail_mode: FailMode,
+    /// How many processes share the limits: a lease never takes more than `capacity / expected_processes`,
+    /// and `fail_mode = "local"` enforces that share in each process.
+    #[serde(default = "default_expected_processes")]
+    pub expected_processes: u32,
+}
+
+/// `[redis] sentinel = { master_name = "mymaster", nodes = ["redis://10.0.0.1:26379", ...] }`: the store is the
+/// master these Sentinels name, followed through failovers.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SentinelConfig {
+    /// The name the Sentinels monitor the master under (`sentinel monitor <name> ...`).
+    pub master_name: String,
+    /// `redis://host:port` of the Sentinels (not of the Redis servers); the first that answers is asked.
+    pub nodes: Vec<String>,
+}
+
+impl RedisConfig {
+    /// Checks the section: exactly one of `url`, `cluster` and `sentinel`, redis:// URLs, a timeout above zero
+    /// and at most 60 s, a key prefix and a number of processes in range.
+    ///
+    /// # Errors
+    /// The field out of range and why.
+    pub(super) fn validate(&self) -> Result<(), FieldError> {
+        check_servers(self)?;
+        if self.timeout > Duration::from_secs(60) {
+            return Err((
+                "timeout",
+                "must be at most 60s: a limiter that waits longer does not limit".into(),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(("timeout", "must be longer than zero".into()));
+        }
+        check_expected_processes(self.expected_processes)?;
+        check_key_prefix(&self.key_prefix)
+    }
+
+    /// Whether `other` reaches the same store the same way (servers, key prefix, timeout, expected processes,
+    /// eviction check): what a reload may not change. `fail_mode` may change.
+    pub(crate) fn same_store(&self, other: &Self) -> bool {
+        Self {
+            fail_mode: other.fail_mode,
+            ..self.clone()
+        } == *other
+    }
+}
+
+/// The default prefix of every store key.
+pub(crate) const DEFAULT_KEY_PREFIX: &str = "tl";
+/// The default timeout of a store call.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// The default number of processes sharing the limits.
+pub(crate) const DEFAULT_EXPECTED_PROCESSES: u32 = 4;
+
+fn default_prefix() -> String {
+    DEFAULT_KEY_PREFIX.into()
+}
+fn default_timeout() -> Duration {
+    DEFAULT_TIMEOUT
+}
+fn default_expected_processes() -> u32 {
+    DEFAULT_EXPECTED_PROCESSES
+}
+
+/// Checks a key prefix: non-empty, without braces (the keys' hash tag is braced).
+pub(crate) fn check_key_prefix(prefix: &str) -> Result<(), FieldError> {
+    if prefix.is_empty() || prefix.contains(['{', '}']) {
+        return Err(("key_prefix", "must be non-empty and hold no `{` or `}`".into()));
+    }
+    Ok(())
+}
+
+/// Checks the number of processes sharing the limits: at least 1.
+pub(crate) fn check_expected_processes(n: u32) -> Result<(), FieldError> {
+    positive(u64::from(n), "expected_processes").map(|_| ())
+}
+
+/// Checks that exactly one of `url`, `cluster` and `sentinel` is set, and that their URLs are redis:// URLs.
+fn check_servers(r: &RedisConfig) -> Result<(), FieldError> {
+    let set: Vec<&str> = [
+        ("url", !r.url.is_empty()),
+        ("cluster", !r.cluster.is_empty()),
+        ("sentinel", r.sentinel.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect();
+    match set[..] {
+        [] => {
+            let why = "is required: the server's redis:// URL (or `cluster`: a list of them, or `sentinel`)";
+            return Err(("url", why.into()));
+        }
+        [_] => {}
+        [first, ..] => {
+            let why = format!(
+                "is set together with `{}`: give only one of `url` (one server), `cluster` (the cluster's nodes) \
+                 and `sentinel` (its master name and nodes)",
+                set[1..].join("` and `")
+            );
+            return Err((first, why));
+        }
+    }
+    let (field, urls): (&'static str, Vec<&String>) = match &r.sentinel {
+        Some(s) => {
+            if s.master_name.is_empty() {
+                return Err(("sentinel.master_name", "must not be empty".into()));
+            }
+            if s.nodes.is_empty() {
+                let why = "must list at least one Sentinel's redis:// URL";
+                return Err(("sentinel.nodes", why.into()));
+            }
+            ("sentinel.nodes", s.nodes.iter().collect())
+        }
+        None if r.cluster.is_empty() => ("url", vec![&r.url]),
+        None => ("cluster", r.cluster.iter().collect()),
+    };
+    match urls.into_iter().find(|url| ::redis::parse_redis_url(url).is_none()) {
+        Some(url) => Err((field, format!("`{url}` is not a redis:// URL"))),
+        None => Ok(()),
+    }
+}

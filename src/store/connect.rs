@@ -1,0 +1,306 @@
+//! The Redis store's connections, each kept by a background task that stops when the store is dropped:
+//!
+//! - one server ([`Single`]), given by its URL or as the master Redis Sentinel names: a [`ConnectionManager`]
+//!   (which reconnects by itself after a dropped connection) that the task makes again when the server stops
+//!   accepting writes (`READONLY`: a master demoted to a replica by a failover) and, behind Sentinel, when it
+//!   fails, after asking the Sentinels for the master again. So a failover is followed by itself, and a
+//!   `READONLY` reply is a transient error, never a state for ever;
+//! - a Redis Cluster, connected in the background (the cluster may be down at start); the redis crate follows
+//!   `MOVED`/`ASK`, and refreshes its slot map on errors and `READONLY`, so it follows a failover too.
+//!
+//! Each time a task connects to a server it reads the server's `maxmemory-policy` (`eviction.rs`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{ConnectionInfo, RedisResult};
+use tokio::sync::{watch, Notify};
+
+use super::eviction::EvictionWatch;
+use crate::error::StoreErrorKind;
+
+/// The shortest wait between two connections made again (a `READONLY` storm remakes it at most this often).
+const REMAKE_INTERVAL: Duration = Duration::from_millis(100);
+/// The back-off between failed attempts to connect or to find the master: from the first to the last.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
+
+/// `TCP_NODELAY`: a call written while another is unanswered goes out at once instead of waiting for the
+/// other's reply to carry the ACK (Nagle), which doubled the latency of overlapping calls (`benches/latency.rs`).
+pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
+/// How the task finds the one server: its URL, or the master the Sentinels name.
+pub(crate) enum Target {
+    /// One server's client.
+    Url(redis::Client),
+    /// Sentinels and the name they monitor the master under.
+    Sentinel {
+        /// The Sentinels (the redis crate's client, which asks them in turn).
+        sentinel: Box<Sentinel>,
+        /// The master's name.
+        master_name: String,
+    },
+}
+
+impl Target {
+    /// The Sentinels at `nodes` (redis:// URLs), for the master named `master_name`.
+    pub(crate) fn sentinel(nodes: &[String], master_name: &str) -> RedisResult<Self> {
+        Ok(Self::Sentinel {
+            sentinel: Box::new(Sentinel::build(nodes.to_vec())?),
+            master_name: master_name.to_owned(),
+        })
+    }
+
+    /// The client of the server to use now: the URL's, or the master's that a Sentinel names (the redis crate
+    /// checks that it answers `ROLE` as a master).
+    async fn resolve(&mut self) -> RedisResult<redis::Client> {
+        match self {
+            Self::Url(client) => Ok(client.clone()),
+            Self::Sentinel { sentinel, master_name } => {
+                let node = SentinelNodeConnectionInfo::default().set_tcp_settings(tcp_settings());
+                sentinel.async_master_for(master_name, Some(&node)).await
+            }
+        }
+    }
+}
+
+/// The connection info of the master the Sentinels at `nodes` name `master_name`, found within `timeout`.
+///
+/// # Errors
+/// The redis crate's error when no Sentinel answers or names a master that answers as one.
+pub(crate) async fn resolve_master(
+    nodes: &[String],
+    master_name: &str,
+    timeout: Duration,
+) -> RedisResult<ConnectionInfo> {
+    let mut target = Target::sentinel(nodes, master_name)?;
+    match tokio::time::timeout(timeout, target.resolve()).await {
+        Ok(client) => Ok(client?.get_connection_info().clone()),
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no Sentinel named a master in time",
+        ))),
+    }
+}
+
+/// One server's connection at a time, and its number (the first is 1).
+#[derive(Clone)]
+struct Link {
+    conn: ConnectionManager,
+    generation: u64,
+}
+
+/// What callers ask of the task: to make the connection of `generation` again.
+#[derive(Default)]
+struct Wanted {
+    /// The newest generation found failing.
+    generation: AtomicU64,
+    /// It was found refusing writes (`READONLY`): remake it even when the server's address is the same.
+    readonly: AtomicBool,
+    notify: Notify,
+}
+
+/// One server's connection, kept by a background task (see the module's documentation).
+#[derive(Clone)]
+pub(crate) struct Single {
+    links: watch::Receiver<Option<Link>>,
+    wanted: Arc<Wanted>,
+    /// Behind Sentinel: connection failures and timeouts also send the task to the Sentinels.
+    sentinel: bool,
+}
+
+impl Single {
+    /// Starts the task that connects to `target` with `config`, each attempt bounded by `attempt`; it reads the
+    /// server's `maxmemory-policy` into `eviction` at each connection made. Needs a tokio runtime.
+    pub(crate) fn spawn(
+        runtime: &tokio::runtime::Handle,
+        target: Target,
+        config: ConnectionManagerConfig,
+        attempt: Duration,
+        eviction: Arc<EvictionWatch>,
+    ) -> Self {
+        let sentinel = matches!(target, Target::Sentinel { .. });
+        let (publish, links) = watch::channel(None);
+        let wanted = Arc::new(Wanted::default());
+        let task = Task {
+            target,
+            config,
+            attempt,
+            eviction,
+            publish,
+            wanted: wanted.clone(),
+        };
+        runtime.spawn(task.run());
+        Self {
+            links,
+            wanted,
+            sentinel,
+        }
+    }
+
+    /// The connection and its generation, once the first is made (callers bound the wait with their timeout).
+    pub(crate) async fn connection(&self) -> RedisResult<(ConnectionManager, u64)> {
+        let mut links = self.links.clone();
+        let link = links.wait_for(Option::is_some).await.ok().and_then(|l| l.clone());
+        match link {
+            Some(link) => Ok((link.conn, link.generation)),
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the connection task ended",
+            ))),
+        }
+    }
+
+    /// The generation of the connection in use now (0 before the first).
+    pub(crate) fn generation(&self) -> u64 {
+        self.links.borrow().as_ref().map_or(0, |l| l.generation)
+    }
+
+    /// A call on the connection of `generation` failed with `kind`: asks for a new connection when the server
+    /// refuses writes, and behind Sentinel also when it failed or timed out (the master may have changed).
+    pub(crate) fn failed(&self, generation: u64, kind: StoreErrorKind) {
+        let remake = match kind {
+            StoreErrorKind::Readonly => true,
+            StoreErrorKind::Io | StoreErrorKind::Timeout => self.sentinel,
+            _ => false,
+        };
+        if remake && generation > 0 {
+            if kind == StoreErrorKind::Readonly {
+                self.wanted.readonly.store(true, Ordering::Release);
+            }
+            self.wanted.generation.fetch_max(generation, Ordering::AcqRel);
+            self.wanted.notify.notify_one();
+        }
+    }
+}
+
+/// The background task of a [`Single`].
+struct Task {
+    target: Target,
+    config: ConnectionManagerConfig,
+    attempt: Duration,
+    eviction: Arc<EvictionWatch>,
+    publish: watch::Sender<Option<Link>>,
+    wanted: Arc<Wanted>,
+}
+
+impl Task {
+    /// Connects, then waits for a request to connect again, until the store is dropped.
+    async fn run(mut self) {
+        let mut generation = 0;
+        let mut address = None;
+        loop {
+            let Some(client) = self.resolve().await else { return };
+            let info = client.get_connection_info().clone();
+            let addr = info.addr().to_string();
+            let readonly = self.wanted.readonly.swap(false, Ordering::AcqRel);
+            let remade = generation == 0 || readonly || address.as_ref() != Some(&addr);
+            if remade {
+                // Lazy: it connects on the first call, and reconnects by itself after a dropped connection.
+                match ConnectionManager::new_lazy_with_config(client, self.config.clone()) {
+                    Ok(conn) => {
+                        generation += 1;
+                        if generation > 1 {
+                            tracing::warn!(server = %addr, readonly, "Redis connection made again");
+                        }
+                        self.publish.send_replace(Some(Link { conn, generation }));
+                        address = Some(addr.clone());
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot make a Redis connection"),
+                }
+            }
+            // The policy of a new server is read while waiting for the next request.
+            let check = self.eviction.watch(&addr, &info, self.attempt);
+            tokio::pin!(check);
+            let mut checked = !remade;
+            loop {
+                tokio::select! {
+                    () = self.publish.closed() => return,
+                    () = self.wanted.notify.notified() => {
+                        if self.wanted.generation.load(Ordering::Acquire) >= generation {
+                            break;
+                        }
+                    }
+                    () = &mut check, if !checked => checked = true,
+                }
+            }
+            tokio::select! {
+                () = self.publish.closed() => return,
+                () = tokio::time::sleep(REMAKE_INTERVAL) => {}
+            }
+        }
+    }
+
+    /// The server's client, retried with a back-off until found; `None` once the store is dropped.
+    async fn resolve(&mut self) -> Option<redis::Client> {
+        let mut backoff = BACKOFF.0;
+        loop {
+            let attempt = tokio::time::timeout(self.attempt, self.target.resolve());
+            let result = tokio::select! {
+                result = attempt => result,
+                () = self.publish.closed() => return None,
+            };
+            match result {
+                Ok(Ok(client)) => return Some(client),
+                Ok(Err(e)) => tracing::debug!(error = %e, "cannot find the Redis server yet; retrying"),
+                Err(_) => tracing::debug!(attempt = ?self.attempt, "finding the Redis server timed out; retrying"),
+            }
+            tokio::select! {
+                () = self.publish.closed() => return None,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(BACKOFF.1);
+        }
+    }
+}
+
+/// Connects to the Redis Cluster of `client` in the background, retrying with a back-off of 50 ms to 2 s, each
+/// attempt bounded by `attempt`; publishes the connection, then reads the `maxmemory-policy` of each node of
+/// `nodes` into `eviction`. Stops once done or once the store is dropped.
+pub(crate) fn spawn_cluster(
+    runtime: &tokio::runtime::Handle,
+    client: ClusterClient,
+    nodes: Vec<ConnectionInfo>,
+    attempt: Duration,
+    eviction: Arc<EvictionWatch>,
+) -> watch::Receiver<Option<ClusterConnection>> {
+    let (publish, conn) = watch::channel(None);
+    runtime.spawn(async move {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let connect = tokio::time::timeout(attempt, client.get_async_connection());
+            let result = tokio::select! {
+                result = connect => result,
+                () = publish.closed() => return,
+            };
+            match result {
+                Ok(Ok(connection)) => {
+                    let _ = publish.send(Some(connection));
+                    break;
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "cluster connection failed; retrying"),
+                Err(_) => tracing::debug!(?attempt, "cluster connection timed out; retrying"),
+            }
+            tokio::select! {
+                () = publish.closed() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+        for info in &nodes {
+            let node = info.addr().to_string();
+            let check = eviction.watch(&node, info, attempt);
+            tokio::select! {
+                () = check => {}
+                () = publish.closed() => return,
+            }
+        }
+    });
+    conn
+}

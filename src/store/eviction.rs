@@ -1,0 +1,233 @@
+//! Invariant 15, eviction is seen: a Redis whose `maxmemory-policy` may evict limiter keys loses a bucket's
+//! state, and the bucket comes back full (the limit is granted again: overselling). The policy is read with
+//! `CONFIG GET maxmemory-policy`, over a connection of its own, each time the store connects to a server; a
+//! policy that may evict is logged as a warning naming it and sets `tokenlease_redis_eviction_unsafe` to 1.
+//! `[redis] require_noeviction = true` makes it a start-up error instead ([`require_noeviction`]). A managed
+//! Redis that refuses `CONFIG` gives a warning, never an error: the policy cannot be known there.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::{AsyncConnectionConfig, ConnectionInfo};
+
+use crate::config::RedisConfig;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::telemetry;
+
+/// The script name of the errors of a policy read.
+const SCRIPT: &str = "maxmemory-policy";
+
+/// Whether `policy` may evict limiter keys: every `allkeys-*` policy, and every `volatile-*` one since the
+/// limiter's keys carry TTLs. `noeviction` never does.
+pub(crate) fn may_evict(policy: &str) -> bool {
+    policy.starts_with("allkeys-") || policy.starts_with("volatile-")
+}
+
+/// What a server answered to `CONFIG GET maxmemory-policy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// Its policy.
+    Policy(String),
+    /// It refused the command (a managed Redis that disables `CONFIG`, an ACL): its message.
+    Refused(String),
+}
+
+/// Reads the `maxmemory-policy` of the server at `info` over a connection of its own, within `timeout`.
+///
+/// # Errors
+/// [`StoreError`] of kind `Timeout` or `Io` when the server cannot be reached (a refusal is a [`Reading`]).
+pub(crate) async fn read(info: &ConnectionInfo, timeout: Duration) -> Result<Reading, StoreError> {
+    let read = async {
+        let client = redis::Client::open(info.clone())?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+        redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async::<Vec<String>>(&mut conn)
+            .await
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Err(_) => Err(StoreError::timeout(SCRIPT, timeout)),
+        Ok(Ok(pair)) => match pair.get(1) {
+            Some(policy) => Ok(Reading::Policy(policy.clone())),
+            None => Ok(Reading::Refused(format!("no such setting (got {pair:?})"))),
+        },
+        Ok(Err(e)) if e.code().is_some() => Ok(Reading::Refused(e.to_string())),
+        Ok(Err(e)) => Err(StoreError {
+            kind: if e.is_timeout() {
+                StoreErrorKind::Timeout
+            } else {
+                StoreErrorKind::Io
+            },
+            script: SCRIPT,
+            message: e.to_string(),
+            source: Some(Box::new(e)),
+        }),
+    }
+}
+
+/// The policies the store's servers reported, by server (`host:port`), behind the eviction gauge.
+#[derive(Debug, Default)]
+pub(crate) struct EvictionWatch {
+    readings: Mutex<HashMap<String, Reading>>,
+}
+
+impl EvictionWatch {
+    /// Records what `node` answered: logs a policy that may evict (or a refusal) when it is new for the node,
+    /// and sets the gauge to whether any server's policy may evict.
+    pub(crate) fn record(&self, node: &str, reading: Reading) {
+        let mut readings = self.readings.lock().unwrap_or_else(PoisonError::into_inner);
+        if readings.get(node) != Some(&reading) {
+            log(node, &reading);
+            readings.insert(node.to_owned(), reading);
+        }
+        telemetry::eviction_unsafe(at_risk(&readings).is_some());
+    }
+
+    /// A policy that may evict limiter keys, when a server reported one.
+    pub(crate) fn policy_at_risk(&self) -> Option<String> {
+        let readings = self.readings.lock().unwrap_or_else(PoisonError::into_inner);
+        at_risk(&readings).map(|(_, policy)| policy.to_owned())
+    }
+
+    /// Reads the policy of the server `node` at `info` until it answers (retrying with a back-off of 100 ms to
+    /// 5 s), and records it. Runs in the task that connects the store, which drops it when it connects again.
+    pub(crate) async fn watch(&self, node: &str, info: &ConnectionInfo, timeout: Duration) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match read(info, timeout).await {
+                Ok(reading) => return self.record(node, reading),
+                Err(e) => tracing::debug!(%node, error = %e, "cannot read maxmemory-policy yet; retrying"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Logs what `node` answered: a warning naming a policy that may evict limiter keys, or a refusal.
+fn log(node: &str, reading: &Reading) {
+    match reading {
+        Reading::Policy(policy) if may_evict(policy) => tracing::warn!(
+            %node,
+            %policy,
+            "Redis maxmemory-policy `{policy}` may evict limiter keys: an evicted bucket comes back full and its \
+             limit is granted again; set `maxmemory-policy noeviction` (or `[redis] require_noeviction = true` to \
+             refuse to start)"
+        ),
+        Reading::Policy(policy) => tracing::debug!(%node, %policy, "Redis maxmemory-policy"),
+        Reading::Refused(why) => tracing::warn!(
+            %node,
+            "cannot read Redis maxmemory-policy ({why}): make sure it is `noeviction`, or limiter keys may be \
+             evicted and their buckets come back full"
+        ),
+    }
+}
+
+fn at_risk(readings: &HashMap<String, Reading>) -> Option<(&str, &str)> {
+    readings.iter().find_map(|(node, reading)| match reading {
+        Reading::Policy(policy) if may_evict(policy) => Some((node.as_str(), policy.as_str())),
+        _ => None,
+    })
+}
+
+/// `[redis] require_noeviction = true`: reads the policy of every server the store starts on (the URL's, each
+/// cluster node given, the master the Sentinels name) now, blocking the caller at most a few timeouts (on a
+/// thread of its own with its own runtime, so it may be called inside a runtime, as `Limiter::from_config` is).
+///
+/// # Errors
+/// [`Error::EvictionPolicy`] naming the server and its policy when one may evict limiter keys;
+/// [`Error::Store`] when a server (or every Sentinel) cannot be reached: the check needs Redis up at start. A
+/// server that refuses `CONFIG` is a warning, not an error.
+pub(crate) fn require_noeviction(redis: &RedisConfig) -> Result<(), Error> {
+    let timeout = redis.timeout.saturating_mul(10).max(Duration::from_secs(1));
+    let joined = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| io_error(format!("cannot start a runtime to check it: {e}")))?;
+                runtime.block_on(check_servers(redis, timeout))
+            })
+            .join()
+    });
+    joined.unwrap_or_else(|_| Err(io_error("the check panicked".into())))
+}
+
+/// The servers of `redis`, each read and checked.
+async fn check_servers(redis: &RedisConfig, timeout: Duration) -> Result<(), Error> {
+    let mut servers = Vec::new();
+    if let Some(sentinel) = &redis.sentinel {
+        let master = super::connect::resolve_master(&sentinel.nodes, &sentinel.master_name, timeout).await;
+        servers.push(master.map_err(|e| io_error(format!("cannot find the master through Sentinel: {e}")))?);
+    }
+    for url in std::iter::once(&redis.url)
+        .filter(|u| !u.is_empty())
+        .chain(&redis.cluster)
+    {
+        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+            .map_err(|e| io_error(format!("`{url}`: {e}")))?;
+        servers.push(info);
+    }
+    for info in servers {
+        let node = info.addr().to_string();
+        match read(&info, timeout).await {
+            Ok(Reading::Policy(policy)) if may_evict(&policy) => return Err(Error::EvictionPolicy { node, policy }),
+            Ok(Reading::Policy(_)) => {}
+            Ok(reading @ Reading::Refused(_)) => log(&node, &reading),
+            Err(e) => {
+                return Err(io_error(format!("cannot read it from {node}: {e}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An error of the start-up check.
+fn io_error(message: String) -> Error {
+    Error::Store(StoreError {
+        kind: StoreErrorKind::Io,
+        script: SCRIPT,
+        message: format!(
+            "`[redis] require_noeviction = true` reads each server's `maxmemory-policy` at start: {message}"
+        ),
+        source: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allkeys_and_volatile_policies_may_evict_noeviction_does_not() {
+        for policy in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            assert!(may_evict(policy), "{policy}");
+        }
+        assert!(!may_evict("noeviction"));
+    }
+
+    #[test]
+    fn the_watch_reports_any_server_at_risk() {
+        let watch = EvictionWatch::default();
+        watch.record("a:1", Reading::Policy("noeviction".into()));
+        assert_eq!(watch.policy_at_risk(), None);
+        watch.record("b:2", Reading::Policy("volatile-ttl".into()));
+        assert_eq!(watch.policy_at_risk().as_deref(), Some("volatile-ttl"));
+        watch.record("b:2", Reading::Refused("unknown command".into()));
+        assert_eq!(watch.policy_at_risk(), None);
+    }
+}
