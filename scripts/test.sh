@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Runs every test of tokenlease. Installs what the tests need on a fresh machine (redis-server, prometheus), then runs
-# cargo test; the tests start their own redis-server and prometheus processes on free loopback ports.
+# Runs every test of tokenlease. Installs what the tests need on a fresh machine (redis-server, redis-sentinel,
+# prometheus), then runs cargo test; the tests start their own redis-server, redis-sentinel and prometheus processes
+# on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests run for real: redis-server; prometheus and promtool (tests/operations.rs scrapes the
-# sidecar and checks the dashboards' queries and the alert rules).
+# Debian packages the tests run for real: redis-server; redis-sentinel (tests/sentinel.rs fails a master over);
+# prometheus and promtool (tests/operations.rs scrapes the sidecar and checks the dashboards' queries and the alert
+# rules).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing ${missing[*]} (the tests run against the real servers)" >&2
@@ -18,6 +21,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 # The packaged service is not needed: the tests start their own servers.
 redis-server --version
+redis-sentinel --version
 promtool --version 2>&1 | sed -n 1p
 
 # Benchmarks are built (not run) so that they keep compiling; `cargo bench` runs them.
