@@ -97,10 +97,14 @@ async fn drain(limiter: &Limiter, rule: &str) -> u64 {
     let unleased = Rule::token_bucket(rule, CAPACITY, 1, Duration::from_secs(3600)).expect("rule");
     let mut admitted = 0;
     let mut cost = 1 << 26;
+    let deadline = Instant::now() + Duration::from_secs(10);
     while cost > 0 {
         let d: Decision = limiter.check_rule(&unleased, "flash", cost).await.expect("check");
-        assert_eq!(d.source, Source::Redis, "{rule}: the store did not answer");
-        if d.allowed {
+        if d.source == Source::Fallback {
+            // Not connected to the master yet (fail_mode closed: nothing was admitted).
+            assert!(Instant::now() < deadline, "{rule}: the store did not answer");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        } else if d.allowed {
             admitted += cost;
         } else {
             cost /= 2;
