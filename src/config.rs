@@ -1,6 +1,7 @@
 //! `config.toml`: parsed with serde + toml, durations with humantime, unknown fields refused, every invalid value
 //! reported with its file, line and field (docs/ARCHITECTURE.md, "Configuration").
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -245,7 +246,8 @@ impl Config {
     }
 
     fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
-        let line_of = |offset: usize| Some(text[..offset.min(text.len())].matches('\n').count() + 1);
+        let lines = LineStarts::new(text);
+        let line_of = |offset: usize| Some(lines.line_of(offset));
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().and_then(|s| line_of(s.start));
             let source_line = line
@@ -284,12 +286,13 @@ impl Config {
             .map_err(|(field, why)| invalid(None, "[process] ".into(), field, why))?;
 
         let mut rules: Vec<Rule> = Vec::with_capacity(raw.rule.len());
+        let mut names: HashSet<String> = HashSet::with_capacity(raw.rule.len());
         for spanned in raw.rule {
             // The line of the rule's `[[rule]]` header.
             let line = line_of(spanned.span().start);
             let raw_rule = spanned.into_inner();
             let ctx = format!("rule \"{}\": ", raw_rule.name);
-            if rules.iter().any(|r| r.name == raw_rule.name) {
+            if !names.insert(raw_rule.name.clone()) {
                 return Err(invalid(line, ctx, "name", "is used by an earlier rule".into()));
             }
             let rule = build_rule(raw_rule).map_err(|(field, message)| invalid(line, ctx, field, message))?;
@@ -302,6 +305,22 @@ impl Config {
             rules,
             fail_mode,
         })
+    }
+}
+
+/// Where each line of a text starts, to turn byte offsets (toml's spans) into line numbers in O(log lines):
+/// counting newlines from the start for every rule made checking quadratic (16 000 rules took 17 s).
+struct LineStarts(Vec<usize>);
+
+impl LineStarts {
+    fn new(text: &str) -> Self {
+        let starts = std::iter::once(0).chain(text.match_indices('\n').map(|(i, _)| i + 1));
+        Self(starts.collect())
+    }
+
+    /// The 1-based line holding byte `offset` (the last line for an offset past the end).
+    fn line_of(&self, offset: usize) -> usize {
+        self.0.partition_point(|&start| start <= offset)
     }
 }
 

@@ -209,3 +209,19 @@ fn process_settings_are_read_under_their_name_and_their_old_one() {
         .to_string();
     assert!(err.contains("[process] `max_local_keys`"), "{err}");
 }
+
+#[test]
+fn an_error_far_down_a_large_file_names_its_line() {
+    // 5 000 rules of 6 lines, then one whose name is taken: its `[[rule]]` header is on line 30 001.
+    let rule = |name: &str| {
+        format!("[[rule]]\nname = \"{name}\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n\n")
+    };
+    let mut text: String = (0..5_000).map(|i| rule(&format!("r{i}"))).collect();
+    text.push_str(&rule("r17"));
+    let err = Config::from_toml(&text).expect_err("duplicate").to_string();
+    assert!(err.contains(":30001:") && err.contains("earlier rule"), "{err}");
+    // A syntax error there too.
+    text.push_str("limit = \n");
+    let err = Config::from_toml(&text).expect_err("syntax").to_string();
+    assert!(err.contains(":30007"), "{err}");
+}
