@@ -1,6 +1,8 @@
 //! `config.toml`: parsed with serde + toml, durations with humantime, unknown fields refused, every invalid value
 //! reported with its file, line and field (docs/ARCHITECTURE.md, "Configuration").
 
+mod serve;
+
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
@@ -19,6 +21,8 @@ use crate::rule::{
     self, check_name, check_sub_buckets, parse_utc_offset, positive, whole_ms, Algorithm, FailMode, Lease, Rule,
 };
 
+pub use serve::ServeConfig;
+
 /// The whole configuration, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -28,6 +32,8 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     /// Settings of this process (`[process]`; `[local]` is still read as its old name).
     pub process: ProcessConfig,
+    /// The sidecar's bounds on connections (`[serve]`).
+    pub serve: ServeConfig,
     /// The rules, in file order, names unique.
     pub rules: Vec<Rule>,
     /// The limiter-wide fail mode (from `[redis] fail_mode`, default `local`).
@@ -111,6 +117,8 @@ struct RawConfig {
     metrics: Option<MetricsConfig>,
     #[serde(default, alias = "local")]
     process: ProcessConfig,
+    #[serde(default)]
+    serve: ServeConfig,
     #[serde(default)]
     rule: Vec<Spanned<RawRule>>,
 }
@@ -235,6 +243,7 @@ impl Config {
             redis: None,
             metrics: None,
             process: ProcessConfig::default(),
+            serve: ServeConfig::default(),
             rules,
             fail_mode: FailMode::default(),
         }
@@ -284,6 +293,9 @@ impl Config {
         raw.process
             .validate()
             .map_err(|(field, why)| invalid(None, "[process] ".into(), field, why))?;
+        raw.serve
+            .validate()
+            .map_err(|(field, why)| invalid(None, "[serve] ".into(), field, why))?;
 
         let mut rules: Vec<Rule> = Vec::with_capacity(raw.rule.len());
         let mut names: HashSet<String> = HashSet::with_capacity(raw.rule.len());
@@ -302,6 +314,7 @@ impl Config {
             redis,
             metrics: raw.metrics,
             process: raw.process,
+            serve: raw.serve,
             rules,
             fail_mode,
         })

@@ -10,6 +10,11 @@ fn the_shipped_config_is_valid() {
     let redis = config.redis.as_ref().expect("[redis]");
     assert_eq!(redis.timeout, Duration::from_millis(50));
     assert_eq!(config.fail_mode, FailMode::Local);
+    assert_eq!(config.serve, tokenlease::ServeConfig::default());
+    assert_eq!(
+        (config.serve.header_read_timeout, config.serve.idle_timeout),
+        (Duration::from_secs(10), Duration::from_secs(5))
+    );
     let names: Vec<_> = config.rules.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["sku_buy", "like", "upload", "reindex"]);
     let sku = config.rule("sku_buy").expect("sku_buy");
@@ -73,6 +78,10 @@ const BAD: &[(&str, &[&str])] = &[
     ("[[rule]]\nname = \"café\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", "holds `é`"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 1\nwindow = \"1s\"\nsub_buckets = 7\n", &["`sub_buckets`"]),
         ("[metrics]\nlisten = \"not an address\"\n", &["listen", ":2"]),
+    ("[serve]\nidle_timeout = \"30s\"\n", &["[serve]", "`idle_timeout`", "header_read_timeout"]),
+    ("[serve]\nheader_read_timeout = \"0s\"\n", &["[serve]", "`header_read_timeout`"]),
+    ("[serve]\nmax_connections = 0\n", &["[serve]", "`max_connections`"]),
+    ("[serve]\nkeep_alive = \"5s\"\n", &["unknown field `keep_alive`", ":2"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nban = \"1h\"\nlease = { min_batch = 1, max_batch = 5, ttl = \"1s\" }\n", &["`ban`", "leased rule cannot ban"]),
     ("this is not toml", &["config:1"]),
 ];

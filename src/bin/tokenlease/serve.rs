@@ -9,9 +9,11 @@
 //! | `GET /readyz` | 200 while the store is deciding, 503 with the reason when not (readiness) |
 //! | `GET /healthz` | the same as `/readyz` |
 //!
-//! SIGHUP reloads the config file (a file that does not parse changes nothing); SIGTERM or Ctrl-C stop
-//! accepting requests, answer callers waiting in a queue 503, let the other requests in flight finish (at most
-//! [`GRACE`]), and give every leased token back.
+//! SIGHUP reloads the config file on a blocking thread, off the workers that answer requests (a file that does not
+//! parse changes nothing); SIGTERM or Ctrl-C stop accepting requests, answer callers waiting in a queue 503, let the
+//! other requests in flight finish (at most [`GRACE`]), and give every leased token back. Connections are bounded,
+//! and so are header reads and idle sockets (`[serve]`, [`crate::connections`]); a body over [`MAX_BODY`] plus
+//! `[process] max_key_bytes` is refused 413 from its `Content-Length`, before it is sent (`Expect: 100-continue`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +32,7 @@ use tokenlease::http::{error_response, error_status, insert_decision_headers, in
 use tokenlease::{Config, Decision, Error, Limiter};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
+use tower_http::limit::RequestBodyLimitLayer;
 
 /// Request bodies above this many bytes, plus `[process] max_key_bytes`, are refused (413).
 const MAX_BODY: usize = 16 * 1024;
@@ -75,6 +78,8 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     tokenlease::telemetry::describe();
     let max_body = MAX_BODY + config.process.max_key_bytes;
+    let connections = config.serve;
+    let max_connections = crate::connections::connection_bound(connections.max_connections);
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
     let stop = CancellationToken::new();
     let state = AppState {
@@ -90,6 +95,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .route("/readyz", get(readyz))
         .route("/healthz", get(readyz))
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(RequestBodyLimitLayer::new(max_body))
         .with_state(state);
     // Signals are caught from before the socket is bound: none can kill the process with its default action.
     let watch = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
@@ -103,7 +109,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     eprintln!(
-        "tokenlease serve: listening on http://{addr} ({})",
+        "tokenlease serve: listening on http://{addr} ({}; at most {max_connections} connections)",
         args.config.display()
     );
 
@@ -115,9 +121,9 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     tokio::spawn(stop_on_signal(terminate, interrupt, stop.clone()));
     background.close();
 
-    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+    let server = crate::connections::serve(listener, app, connections, max_connections, stop.clone());
     tokio::select! {
-        served = server => served.map_err(|e| format!("serving failed: {e}"))?,
+        () = server => {}
         () = async { stop.cancelled().await; tokio::time::sleep(GRACE).await } => {
             eprintln!("tokenlease serve: requests still in flight after {GRACE:?}; stopping anyway");
         }
@@ -147,14 +153,22 @@ async fn stop_on_signal(mut terminate: Signal, mut interrupt: Signal, stop: Canc
 }
 
 /// Reloads `path` on every SIGHUP; a file that does not parse, or changes the store, keeps the rules in force.
+/// Parsing and compiling run on a blocking thread (100 000 rules take seconds): requests keep being answered under
+/// the rules in force until the new ones are swapped in.
 async fn reload_on_sighup(mut hangup: Signal, limiter: Limiter, path: PathBuf) {
     while hangup.recv().await.is_some() {
-        let reloaded = Config::from_path(&path)
-            .map_err(Error::from)
-            .and_then(|c| limiter.reload(c));
+        eprintln!("tokenlease serve: reloading {}", path.display());
+        let (limiter, file) = (limiter.clone(), path.clone());
+        let reloaded = tokio::task::spawn_blocking(move || {
+            Config::from_path(&file)
+                .map_err(Error::from)
+                .and_then(|c| limiter.reload(c))
+        })
+        .await;
         match reloaded {
-            Ok(()) => eprintln!("tokenlease serve: reloaded {}", path.display()),
-            Err(e) => eprintln!("tokenlease serve: kept the rules in force: {e}"),
+            Ok(Ok(())) => eprintln!("tokenlease serve: reloaded {}", path.display()),
+            Ok(Err(e)) => eprintln!("tokenlease serve: kept the rules in force: {e}"),
+            Err(e) => eprintln!("tokenlease serve: kept the rules in force: the reload failed: {e}"),
         }
     }
 }
