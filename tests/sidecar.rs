@@ -132,7 +132,7 @@ fn idle_connections_beyond_the_open_file_limit_do_not_keep_the_sidecar_from_answ
     // 400 connections that send nothing: more than the process may open; the rest wait in the listen backlog.
     let mut idle: Vec<TcpStream> = (0..400).map(|_| serve.connect()).collect();
     // Answered once the idle ones are cut (1 s each round), however many rounds the backlog takes.
-    let health = serve.try_get("/healthz");
+    let health = serve.try_get("/livez");
     assert_eq!(health.map(|(status, _)| status), Some(200), "{}", serve.log());
     for stream in &mut idle {
         assert!(closed_by_server(stream), "an idle connection stayed open");
