@@ -15,6 +15,59 @@ use crate::telemetry::RuleMetrics;
 /// A map keyed by strings with a fast hasher.
 pub(crate) type KeyMap<V> = DashMap<String, V, foldhash::fast::RandomState>;
 
+/// One key's queue in this process: the order in which its callers reserve slots (tokio's mutex is fair, so
+/// they are served first-in first-out), and the reserved slots that callers gave up while someone was queued
+/// behind them (the store keeps those: moving them would move everyone behind), which later callers of this
+/// process take over instead of reserving new ones behind.
+#[derive(Debug, Default)]
+pub(crate) struct Line {
+    pub(crate) turn: tokio::sync::Mutex<()>,
+    pub(crate) abandoned: std::sync::Mutex<Vec<Abandoned>>,
+}
+
+/// A reserved slot whose caller gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Abandoned {
+    /// When the slot comes.
+    pub(crate) at: tokio::time::Instant,
+    /// Its tokens.
+    pub(crate) cost: u64,
+    /// Where it was reserved: the store, or the local share (`fail_mode = "local"`).
+    pub(crate) source: crate::decision::Source,
+}
+
+impl Line {
+    /// The slots given up, with the passed ones dropped.
+    pub(crate) fn abandoned(&self) -> std::sync::MutexGuard<'_, Vec<Abandoned>> {
+        let mut slots = self.abandoned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = tokio::time::Instant::now();
+        slots.retain(|s| s.at > now);
+        slots
+    }
+
+    /// Takes over the earliest slot given up for `cost` tokens that comes within `max_wait`.
+    pub(crate) fn take_over(&self, cost: u64, max_wait: Duration) -> Option<Abandoned> {
+        let mut slots = self.abandoned();
+        let latest = tokio::time::Instant::now() + max_wait;
+        let (i, _) = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.cost == cost && s.at <= latest)
+            .min_by_key(|(_, s)| s.at)?;
+        Some(slots.swap_remove(i))
+    }
+
+    /// Offers a slot given up to the next callers.
+    pub(crate) fn abandon(&self, slot: Abandoned) {
+        self.abandoned().push(slot);
+    }
+
+    /// Whether nobody waits and no slot given up is still ahead: the line may be forgotten.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.abandoned().is_empty()
+    }
+}
+
 /// A rule as the limiter runs it.
 #[derive(Debug)]
 pub(crate) struct Compiled {
@@ -23,9 +76,8 @@ pub(crate) struct Compiled {
     pub(crate) metrics: RuleMetrics,
     /// Leased tokens per key (rules with a lease only).
     pub(crate) leases: KeyMap<Arc<LocalBucket>>,
-    /// Per key, the order in which this process's callers reserve queue slots (`acquire`): tokio's mutex is
-    /// fair, so waiters are served first-in first-out.
-    pub(crate) queues: KeyMap<Arc<tokio::sync::Mutex<()>>>,
+    /// Per key, this process's queue of `acquire` callers.
+    pub(crate) queues: KeyMap<Arc<Line>>,
     /// Callers of this rule waiting in a queue now.
     pub(crate) waiting: AtomicI64,
 }

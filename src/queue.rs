@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::algorithm::Reply;
 use crate::background::Background;
-use crate::compiled::Compiled;
+use crate::compiled::{Abandoned, Compiled, Line};
 use crate::decision::{from_protocol_ms, to_protocol_ms, Permit, Source};
 use crate::error::{Error, FailReason};
 use crate::fallback::{Fallback, Unsettled};
@@ -45,11 +45,15 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// A slot reserved in the store whose caller may still give up; dropped unfinished, it hands the slot back.
+/// A slot reserved in the store whose caller may still give up; dropped unfinished, it hands the slot back
+/// (`leaky_return.lua`: only while nobody is queued behind it), and a leaky-bucket slot the store keeps is offered
+/// to this process's next callers of the key ([`Line`]).
 struct Reserved<'a> {
     queue: &'a Queue,
     call: &'a Call,
-    source: Source,
+    line: Arc<Line>,
+    /// The slot, when it may be taken over (leaky buckets).
+    slot: Option<Abandoned>,
     done: bool,
 }
 
@@ -60,7 +64,8 @@ impl Drop for Reserved<'_> {
         }
         let Some(back) = self.call.undo() else { return };
         let (store, fallback) = (self.queue.store.clone(), self.queue.fallback.clone());
-        let local = self.source == Source::Fallback;
+        let (line, slot) = (self.line.clone(), self.slot);
+        let local = self.slot.is_some_and(|s| s.source == Source::Fallback);
         if tokio::runtime::Handle::try_current().is_ok() {
             self.queue.background.spawn(async move {
                 let result = if local {
@@ -68,10 +73,33 @@ impl Drop for Reserved<'_> {
                 } else {
                     store.run(&back).await
                 };
-                if let Err(error) = result {
-                    tracing::debug!(%error, "could not hand a queue slot back");
+                match (result, slot) {
+                    // Someone is queued behind it (or the store failed): the slot stays reserved; a later
+                    // caller of this process takes it over rather than queueing behind it.
+                    (Ok(reply), Some(slot)) if reply.granted == 0 => line.abandon(slot),
+                    (Err(error), Some(slot)) => {
+                        tracing::debug!(%error, "could not hand a queue slot back");
+                        line.abandon(slot);
+                    }
+                    (Err(error), None) => tracing::debug!(%error, "could not hand a queue slot back"),
+                    (Ok(_), _) => {}
                 }
             });
+        }
+    }
+}
+
+/// A slot taken over from a caller who gave it up; dropped unfinished, it is offered again.
+struct Resumed<'a> {
+    line: &'a Line,
+    slot: Abandoned,
+    done: bool,
+}
+
+impl Drop for Resumed<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.line.abandon(self.slot);
         }
     }
 }
@@ -119,7 +147,24 @@ impl Queue {
         let line = compiled.queues.entry(key.to_owned()).or_default().clone();
         let waiting = Waiting::new(compiled);
         // First in, first out: reservations of this process's callers are made in the order they came.
-        let turn = line.lock().await;
+        let turn = line.turn.lock().await;
+        let recyclable = matches!(algorithm, Algorithm::LeakyBucket { .. });
+        if recyclable {
+            // A slot another caller of this process gave up, still ahead and within this caller's bound: taken
+            // over instead of a new one behind it.
+            if let Some(slot) = line.take_over(cost, Duration::from_millis(max_wait_ms)) {
+                drop(turn);
+                let mut resumed = Resumed {
+                    line: &line,
+                    slot,
+                    done: false,
+                };
+                tokio::time::sleep_until(slot.at).await;
+                resumed.done = true;
+                drop(waiting);
+                return Ok(self.granted(compiled, started, cost, slot.source));
+            }
+        }
         let mut call = call;
         // What fail_mode local admitted alone is charged first, so this reservation counts it (invariant 12).
         let result = match self.fallback.settle(&store_key, &algorithm).await {
@@ -168,8 +213,6 @@ impl Queue {
             },
         };
         drop(turn);
-        drop(line);
-        compiled.queues.remove_if(key, |_, q| Arc::strong_count(q) == 1);
         if reply.granted < cost {
             return Err(Error::QueueFull {
                 rule: rule.to_owned(),
@@ -179,20 +222,32 @@ impl Queue {
         }
         let wait = from_protocol_ms(reply.retry_after_ms);
         if !wait.is_zero() {
-            // Dropped while sleeping: hand the slot back if nobody queued behind it.
+            // Dropped while sleeping: hand the slot back if nobody queued behind it, else offer it to this
+            // process's next callers.
+            let at = tokio::time::Instant::now() + wait;
             let mut reserved = Reserved {
                 queue: self,
                 call: &call,
-                source,
+                line: line.clone(),
+                slot: recyclable.then_some(Abandoned { at, cost, source }),
                 done: false,
             };
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep_until(at).await;
             reserved.done = true;
         }
+        drop(line);
+        compiled
+            .queues
+            .remove_if(key, |_, q| Arc::strong_count(q) == 1 && q.is_idle());
         drop(waiting);
+        Ok(self.granted(compiled, started, cost, source))
+    }
+
+    /// The permit of a caller that waited since `started`, counted in the rule's metrics.
+    fn granted(&self, compiled: &Compiled, started: tokio::time::Instant, cost: u64, source: Source) -> Permit {
         let waited = started.elapsed();
         compiled.metrics.queue_wait.record(waited.as_secs_f64());
         compiled.metrics.decision(true, source);
-        Ok(Permit { waited, cost, source })
+        Permit { waited, cost, source }
     }
 }

@@ -133,6 +133,46 @@ async fn a_dropped_acquire_gives_its_place_and_its_slot_back() {
     assert_eq!(third.waited, Duration::from_millis(700));
 }
 
+/// Callers queued together who all give up (the sidecar's clients hanging up): the store keeps their slots,
+/// since moving one would move everyone behind it, but this process's next callers take them over, earliest
+/// first, instead of queueing behind all of them.
+#[tokio::test(start_paused = true)]
+async fn slots_given_up_while_others_queue_behind_are_taken_over_by_the_next_callers() {
+    let limiter = jobs(10, Duration::from_secs(60)); // 100 ms apart
+    assert_eq!(
+        limiter.acquire("jobs", "k", 1).await.expect("first").waited,
+        Duration::ZERO
+    );
+    // 20 callers reserve the slots at 100 ms .. 2 s, then hang up together.
+    let quitters: Vec<_> = (0..20)
+        .map(|_| {
+            let l = limiter.clone();
+            tokio::spawn(async move { l.acquire("jobs", "k", 1).await })
+        })
+        .collect();
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    for q in &quitters {
+        q.abort();
+    }
+    for _ in 0..50 {
+        tokio::task::yield_now().await; // the hand-backs run: only the last slot (2 s) goes back to the store
+    }
+    // An honest caller waits for the first slot given up (100 ms), not behind the 19 kept (2 s).
+    let honest = limiter.acquire("jobs", "k", 1).await.expect("honest");
+    assert_eq!(honest.waited, Duration::from_millis(100));
+    // And the next ones take the following slots, in order, while they last.
+    let next = limiter.acquire("jobs", "k", 1).await.expect("next");
+    assert_eq!(next.waited, Duration::from_millis(100), "the slot at 200 ms");
+    // No slot is used twice: 18 slots kept and one handed back; 20 callers are paced at 100 ms apart.
+    let started = tokio::time::Instant::now();
+    for _ in 0..20 {
+        let _permit = limiter.acquire("jobs", "k", 1).await.expect("paced");
+    }
+    assert_eq!(started.elapsed(), Duration::from_millis(2000));
+}
+
 #[tokio::test]
 async fn acquire_needs_a_queue_or_bucket_rule_and_bad_input_is_an_error() {
     let limiter = Limiter::builder()

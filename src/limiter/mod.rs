@@ -257,8 +257,8 @@ impl Limiter {
     /// `retry_after` says when a call would fit): nobody waits only to fail.
     ///
     /// Dropping the future while it waits gives up its place. A slot already reserved in Redis is handed back
-    /// (`lua/leaky_return.lua`) when it is still the last one reserved; otherwise it leaks unused, since moving
-    /// it would move every caller queued behind it.
+    /// (`lua/leaky_return.lua`) when it is still the last one reserved; otherwise Redis keeps it (moving it would
+    /// move every caller queued behind it) and this process's next caller of the key takes it over.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
