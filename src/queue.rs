@@ -170,11 +170,11 @@ impl Queue {
         let result = match self.fallback.settle(&store_key, &algorithm).await {
             Ok(()) => self.store.run(&call).await,
             Err(Unsettled::Failed(error)) => Err(error),
-            Err(Unsettled::Busy) => {
+            Err(wait) => {
                 return Err(Error::QueueFull {
                     rule: rule.to_owned(),
                     max_wait: Duration::from_millis(max_wait_ms),
-                    retry_after: Duration::from_millis(1),
+                    retry_after: wait.retry_after().unwrap_or(Duration::from_millis(1)),
                 })
             }
         };

@@ -148,6 +148,21 @@ async fn a_limiter_builds_while_redis_is_down() {
     }
 }
 
+/// Checks `rule` on `key` until the key's hold after its charge is over (a decision by Redis, or allowed);
+/// whether that decision allowed.
+async fn past_the_hold(l: &Limiter, rule: &str, key: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = timed(l, rule, key).await;
+        if d.allowed || d.source == Source::Redis {
+            return d.allowed;
+        }
+        assert!(Instant::now() < deadline, "{rule}: still held after 10 s: {d:?}");
+        // real time: the hold is the limiter's recovery spread.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Allowed decisions of `rule` on `key` until `calls` calls were made by `source`.
 async fn admitted_by(l: &Limiter, rule: &str, key: &str, source: Source, calls: usize) -> u32 {
     let mut allowed = 0;
@@ -191,9 +206,15 @@ async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
     // limit is not a second burst: 8 − 1 and 100 − the share more, not another 8 and 100. The refill (1 per
     // hour) adds nothing in between.
     server.restart();
-    assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 12).await, 7);
+    // Each key is charged first, then held while other processes would come back and charge theirs.
+    let first = past_the_hold(&l, "local", "k").await;
+    assert_eq!(
+        u32::from(first) + admitted_by(&l, "local", "k", Source::Redis, 11).await,
+        7
+    );
     // Leased: under a batch (10) may stay in Redis, since a saturated key waits for a whole batch.
-    let after = admitted_by(&l, "leased_local", "k", Source::Redis, 120).await;
+    let first = past_the_hold(&l, "leased_local", "k").await;
+    let after = u32::from(first) + admitted_by(&l, "leased_local", "k", Source::Redis, 119).await;
     assert!(
         (90 - share..=100 - share).contains(&after),
         "admitted {after} after the outage"
@@ -223,4 +244,56 @@ async fn shutdown_charges_what_local_mode_admitted_alone() {
         "8 (Redis lost the key) − the 1 admitted alone"
     );
     next.shutdown().await;
+}
+
+/// After an outage the processes come back one by one (each breaker half-opens on its own clock). The first one
+/// back charges what it sold alone, then holds the key for a while, so that it does not sell what the others
+/// sold alone before their charges land: a stock of 20, each of two processes having sold its share alone,
+/// sells what is left after both charges, not the first process's part again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_process_back_holds_the_key_until_the_others_have_charged() {
+    let mut server = common::RedisServer::start();
+    let rule = || {
+        Rule::token_bucket("stock", 20, 1, Duration::from_secs(3600))
+            .expect("rule")
+            .with_fail_mode(FailMode::Local)
+    };
+    let process = || {
+        common::limiter([rule()])
+            .redis(&server)
+            .timeout(TIMEOUT)
+            .expected_processes(2)
+            .build()
+    };
+    let (a, b) = (process(), process());
+    // Redis reports 19 left to a, 18 to b: shares of 9 each.
+    assert_eq!(admitted_by(&a, "stock", "k", Source::Redis, 1).await, 1);
+    assert_eq!(admitted_by(&b, "stock", "k", Source::Redis, 1).await, 1);
+    server.stop();
+    assert_eq!(admitted_by(&a, "stock", "k", Source::Fallback, 15).await, 9);
+    assert_eq!(admitted_by(&b, "stock", "k", Source::Fallback, 15).await, 9);
+    // Redis is back without the key (full again: one capacity is lost with it, as documented).
+    server.restart();
+    // b is first: it charges its 9, then holds the key; its next calls are refused locally, and so a's.
+    let mut held = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held < 5 {
+        let d = timed(&b, "stock", "k").await;
+        assert!(!d.allowed, "b sold before a charged: {d:?}");
+        held += u32::from(d.source == Source::Local);
+        assert!(Instant::now() < deadline, "b never charged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // a charges its 9 too; once both holds are over, 20 − 9 − 9 = 2 are left to sell, in all.
+    let mut sold = 0;
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < deadline {
+        for p in [&a, &b] {
+            sold += u32::from(timed(p, "stock", "k").await.allowed);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sold, 2, "what is left after both charges");
+    a.shutdown().await;
+    b.shutdown().await;
 }

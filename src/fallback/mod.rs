@@ -34,8 +34,22 @@ use share::Shares;
 pub(crate) enum Unsettled {
     /// Another caller's charge of the key is in flight.
     Busy,
+    /// The key was just charged: its store calls wait this long more, so that the other processes, which come
+    /// back from the outage on their own clocks, charge theirs before anyone is granted what they sold.
+    Held(Duration),
     /// The charge failed with the store's error; the tokens stay owed.
     Failed(StoreError),
+}
+
+impl Unsettled {
+    /// How long the caller should be refused, locally, before trying again; `None` for a failed charge.
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Busy => Some(Duration::from_millis(1)),
+            Self::Held(left) => Some(*left),
+            Self::Failed(_) => None,
+        }
+    }
 }
 
 /// The fail modes' state: the local shares and what they owe.
@@ -158,6 +172,9 @@ impl Fallback {
     /// an answer now would not count that charge); [`Unsettled::Failed`] with the debit's store error (the
     /// tokens stay owed; the caller's call would most likely fail too).
     pub(crate) async fn settle(self: &Arc<Self>, store_key: &str, algorithm: &Algorithm) -> Result<(), Unsettled> {
+        if let Some(ms) = self.buckets.held(store_key, self.now_ms()) {
+            return Err(Unsettled::Held(Duration::from_millis(ms)));
+        }
         if !self.buckets.any_owed() {
             return Ok(());
         }
@@ -172,7 +189,16 @@ impl Fallback {
         let (this, key, bucket) = (self.clone(), store_key.to_owned(), *bucket);
         let charge = async move { this.charge(&key, (owed_to, bucket), tokens, false).await };
         match self.background.spawn(charge).await {
-            Ok(result) => result.map_err(Unsettled::Failed),
+            Ok(Ok(())) => {
+                // Charged: hold the key while the other processes come back and charge theirs.
+                let hold = self.store.timeouts.recovery_spread();
+                let until = self
+                    .now_ms()
+                    .saturating_add(u64::try_from(hold.as_millis()).unwrap_or(u64::MAX));
+                self.buckets.hold(store_key, until);
+                Err(Unsettled::Held(hold))
+            }
+            Ok(Err(error)) => Err(Unsettled::Failed(error)),
             Err(_) => Err(Unsettled::Failed(StoreError::timeout("token_return", Duration::ZERO))),
         }
     }

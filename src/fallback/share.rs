@@ -44,6 +44,8 @@ struct Share {
     settling: bool,
     /// When the share was last reported or taken from, in ms of the limiter's clock.
     touched_ms: u64,
+    /// After a charge, the key's store calls wait until then (ms), so the other processes' charges land first.
+    held_until_ms: u64,
 }
 
 /// The local shares of this process's token-bucket keys, at most `max_keys` of them.
@@ -54,6 +56,8 @@ pub(crate) struct Shares {
     max_keys: usize,
     /// Tokens owed over all keys: zero (the common case) costs callers one load.
     owed: AtomicU64,
+    /// The latest hold of any key (ms): past it (the common case), no key is held.
+    held_until_ms: AtomicU64,
 }
 
 impl Shares {
@@ -64,6 +68,7 @@ impl Shares {
             processes: processes.max(1),
             max_keys,
             owed: AtomicU64::new(0),
+            held_until_ms: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +98,7 @@ impl Shares {
                     owed: 0,
                     settling: false,
                     touched_ms: now_ms,
+                    held_until_ms: 0,
                 },
             );
         }
@@ -111,6 +117,7 @@ impl Shares {
                 owed: 0,
                 settling: false,
                 touched_ms: now_ms,
+                held_until_ms: 0,
             }),
             None => return None,
         };
@@ -168,6 +175,24 @@ impl Shares {
         Ok(Some((entry.bucket, std::mem::take(&mut entry.owed))))
     }
 
+    /// Holds the key's store calls until `until_ms`: it was just charged, and the other processes, which
+    /// come back from the outage on their own clocks, have yet to charge theirs.
+    pub(crate) fn hold(&self, key: &str, until_ms: u64) {
+        if let Some(mut entry) = self.map.get_mut(key) {
+            entry.held_until_ms = entry.held_until_ms.max(until_ms);
+            self.held_until_ms.fetch_max(until_ms, Ordering::AcqRel);
+        }
+    }
+
+    /// How long the key's store calls are still held at `now_ms`, in ms; `None` when they are not.
+    pub(crate) fn held(&self, key: &str, now_ms: u64) -> Option<u64> {
+        if self.held_until_ms.load(Ordering::Acquire) <= now_ms {
+            return None;
+        }
+        let until = self.map.get(key)?.held_until_ms;
+        (until > now_ms).then(|| until - now_ms)
+    }
+
     /// A charge of `tokens` taken by [`Shares::take_owed`] ended: `carried` of them are still owed (all of them
     /// when the charge failed, the part the bucket could not absorb otherwise).
     pub(crate) fn settled(&self, key: &str, bucket: TokenBucket, tokens: u64, carried: u64, now_ms: u64) {
@@ -177,6 +202,7 @@ impl Shares {
             owed: 0,
             settling: false,
             touched_ms: now_ms,
+            held_until_ms: 0,
         });
         entry.settling = false;
         entry.owed = entry.owed.saturating_add(carried);
@@ -187,8 +213,9 @@ impl Shares {
     /// Forgets the keys untouched for `idle_ms` that owe nothing. Forgetting is always on the safe side: a key
     /// not known starts empty.
     pub(crate) fn sweep(&self, now_ms: u64, idle_ms: u64) {
-        self.map
-            .retain(|_, s| s.owed > 0 || s.settling || now_ms.saturating_sub(s.touched_ms) < idle_ms);
+        self.map.retain(|_, s| {
+            s.owed > 0 || s.settling || s.held_until_ms > now_ms || now_ms.saturating_sub(s.touched_ms) < idle_ms
+        });
     }
 
     /// Every key that owes tokens (for shutdown, when all of it is charged).

@@ -209,9 +209,11 @@ impl Engine {
         let result = match self.fallback.settle(&local.store_key, &unleased(bucket)).await {
             Ok(()) => self.store.run(&call).await,
             Err(Unsettled::Failed(error)) => Err(error),
-            Err(Unsettled::Busy) => {
-                // Another caller's charge of the key is in flight: a grant now would not count it.
-                local.refused(SLOW_LEASE_RETRY, NEVER_RECHECK, Duration::ZERO, clock.now_ns());
+            Err(wait) => {
+                // A charge of the key is in flight, or it was just charged and the other processes have yet to
+                // charge theirs: a grant now would not count them. Refused locally meanwhile.
+                let retry = wait.retry_after().unwrap_or(SLOW_LEASE_RETRY);
+                local.refused(retry, NEVER_RECHECK, Duration::ZERO, clock.now_ns());
                 return;
             }
         };

@@ -151,8 +151,12 @@ impl Limiter {
         let result = match engine.fallback.settle(&store_key, algorithm).await {
             Ok(()) => engine.store.run(&call).await,
             Err(Unsettled::Failed(error)) => Err(error),
-            // Another caller's charge of the key is in flight: an answer now would not count it.
-            Err(Unsettled::Busy) => return Decision::bare(false, Duration::from_millis(1), Source::Local),
+            // A charge of the key is in flight, or it was just charged and the other processes have yet to
+            // charge theirs: an answer now would not count them.
+            Err(wait) => {
+                let retry = wait.retry_after().unwrap_or(Duration::from_millis(1));
+                return Decision::bare(false, retry, Source::Local);
+            }
         };
         match result {
             Ok(reply) => {

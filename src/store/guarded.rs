@@ -33,6 +33,17 @@ pub(crate) struct Timeouts {
 }
 
 impl Timeouts {
+    /// How long the circuit breaker stays open before it lets a probe through: 500 ms, or the call timeout.
+    pub(crate) fn breaker_open(&self) -> Duration {
+        Duration::from_millis(500).max(self.call)
+    }
+
+    /// How far apart processes may come back from one outage, each on its own clock: the breaker's open
+    /// period, then the back-off of a failed key, then a lease's (or a debit's) own timeout.
+    pub(crate) fn recovery_spread(&self) -> Duration {
+        self.breaker_open() + self.backoff + self.lease
+    }
+
     /// The timeouts that follow from a store call timeout.
     pub(crate) fn from_call(call: Duration) -> Self {
         Self {
@@ -65,7 +76,7 @@ impl Guarded {
         telemetry::store_ready(true);
         Self {
             store,
-            breaker: Breaker::new(BREAKER_FAILURES, Duration::from_millis(500).max(timeouts.call)),
+            breaker: Breaker::new(BREAKER_FAILURES, timeouts.breaker_open()),
             clock,
             calls: AtomicU64::new(0),
             answered: AtomicBool::new(true),
