@@ -39,9 +39,9 @@ impl Timeouts {
     }
 
     /// How far apart processes may come back from one outage, each on its own clock: the breaker's open
-    /// period, then the back-off of a failed key, then a lease's (or a debit's) own timeout.
+    /// period, then the back-off of a failed key (600 ms at a 50 ms call timeout).
     pub(crate) fn recovery_spread(&self) -> Duration {
-        self.breaker_open() + self.backoff + self.lease
+        self.breaker_open() + self.backoff
     }
 
     /// The timeouts that follow from a store call timeout.
