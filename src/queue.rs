@@ -214,6 +214,8 @@ impl Queue {
         };
         drop(turn);
         if reply.granted < cost {
+            // A full queue is a refusal: counted as a rejected decision (a 429 at the sidecar).
+            compiled.metrics.decision(false, source);
             return Err(Error::QueueFull {
                 rule: rule.to_owned(),
                 max_wait: Duration::from_millis(max_wait_ms),

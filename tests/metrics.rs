@@ -184,4 +184,19 @@ async fn queue_depth_and_wait_are_recorded() {
     let mut waits = waits;
     waits.sort_by(f64::total_cmp);
     assert_eq!(waits, [0.0, 0.1, 0.2]);
+
+    // A full queue is a refusal, counted as a rejected decision.
+    let limiter = metrics::with_local_recorder(&recorder, || {
+        let rule = Rule::leaky_bucket("short", 1, Duration::from_secs(1), Duration::from_millis(1)).expect("rule");
+        common::limiter([rule]).tokio_clock().build()
+    });
+    let _first = limiter.acquire("short", "k", 1).await.expect("a free slot");
+    assert!(limiter.try_acquire("short", "k", 1).await.expect("try").is_none());
+    let snap = snap.snapshot().into_vec();
+    let rejected = counter(
+        &snap,
+        "tokenlease_decisions_total",
+        &[("rule", "short"), ("outcome", "rejected")],
+    );
+    assert_eq!(rejected, 1, "{snap:#?}");
 }
