@@ -10,8 +10,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+mod redact;
 mod redis;
 
+pub(crate) use self::redact::redact_text;
+pub use self::redact::redact_url;
 pub(crate) use self::redis::{
     check_expected_processes, check_key_prefix, DEFAULT_EXPECTED_PROCESSES, DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT,
 };
@@ -261,13 +264,13 @@ impl Config {
             let line = e.span().and_then(|s| line_of(s.start));
             let source_line = line
                 .and_then(|l| text.lines().nth(l - 1))
-                .map(|l| l.trim().chars().take(120).collect::<String>())
+                .map(|l| redact_text(&l.trim().chars().take(120).collect::<String>()))
                 .filter(|l| !l.is_empty() && !l.starts_with('['));
             ConfigError::Parse {
                 path: path.map(Path::to_owned),
                 line,
                 source_line,
-                message: e.message().trim().to_owned(),
+                message: redact_text(e.message().trim()),
             }
         })?;
         let invalid = |line: Option<usize>, context: String, field: &str, message: String| ConfigError::Invalid {

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::FieldError;
+use super::{redact_url, FieldError};
 use crate::rule::{positive, FailMode};
 
-/// `[redis]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// `[redis]`. Its `Debug` shows the URLs with their passwords redacted ([`redact_url`]).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://host:port/db` of one server; empty when `cluster` or `sentinel` is set.
@@ -43,14 +43,55 @@ pub struct RedisConfig {
 }
 
 /// `[redis] sentinel = { master_name = "mymaster", nodes = ["redis://10.0.0.1:26379", ...] }`: the store is the
-/// master these Sentinels name, followed through failovers.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// master these Sentinels name, followed through failovers. Its `Debug` redacts the passwords of `nodes`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SentinelConfig {
     /// The name the Sentinels monitor the master under (`sentinel monitor <name> ...`).
     pub master_name: String,
     /// `redis://host:port` of the Sentinels (not of the Redis servers); the first that answers is asked.
     pub nodes: Vec<String>,
+}
+
+/// The URLs of `urls`, redacted, for a `Debug`.
+fn redacted(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|u| redact_url(u)).collect()
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured: a field added later must be shown here, or skipped, on purpose.
+        let Self {
+            url,
+            cluster,
+            sentinel,
+            require_noeviction,
+            key_prefix,
+            timeout,
+            fail_mode,
+            expected_processes,
+        } = self;
+        f.debug_struct("RedisConfig")
+            .field("url", &redact_url(url))
+            .field("cluster", &redacted(cluster))
+            .field("sentinel", sentinel)
+            .field("require_noeviction", require_noeviction)
+            .field("key_prefix", key_prefix)
+            .field("timeout", timeout)
+            .field("fail_mode", fail_mode)
+            .field("expected_processes", expected_processes)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for SentinelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { master_name, nodes } = self;
+        f.debug_struct("SentinelConfig")
+            .field("master_name", master_name)
+            .field("nodes", &redacted(nodes))
+            .finish()
+    }
 }
 
 impl RedisConfig {
@@ -154,7 +195,7 @@ fn check_servers(r: &RedisConfig) -> Result<(), FieldError> {
         None => ("cluster", r.cluster.iter().collect()),
     };
     match urls.into_iter().find(|url| ::redis::parse_redis_url(url).is_none()) {
-        Some(url) => Err((field, format!("`{url}` is not a redis:// URL"))),
+        Some(url) => Err((field, format!("`{}` is not a redis:// URL", redact_url(url)))),
         None => Ok(()),
     }
 }

@@ -171,7 +171,7 @@ async fn check_servers(redis: &RedisConfig, timeout: Duration) -> Result<(), Err
         .chain(&redis.cluster)
     {
         let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
-            .map_err(|e| io_error(format!("`{url}`: {e}")))?;
+            .map_err(|e| io_error(format!("`{}`: {e}", crate::config::redact_url(url))))?;
         servers.push(info);
     }
     for info in servers {

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokenlease::{Algorithm, Config, Rule};
+use tokenlease::{redact_url, Algorithm, Config, Rule};
 
 use limits::Limits;
 use private_redis::{reachable, start_private_redis};
@@ -128,10 +128,10 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
             processes = 1;
             ("in-process (memory)".to_owned(), None)
         }
-        Some(url) if rt.block_on(reachable(&url)) => (format!("redis {url}"), Some(url)),
+        Some(url) if rt.block_on(reachable(&url)) => (format!("redis {}", redact_url(&url)), Some(url)),
         other => {
             if let Some(url) = &other {
-                eprintln!("redis at {url} does not answer");
+                eprintln!("redis at {} does not answer", redact_url(url));
             }
             match start_private_redis(&rt) {
                 Some(server) => {

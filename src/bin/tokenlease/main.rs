@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tokenlease::redact_url;
 
 /// Distributed rate limiter: leased token buckets over Redis.
 #[derive(Debug, Parser)]
@@ -80,6 +81,11 @@ pub(crate) fn install_exporter(listen: std::net::SocketAddr) -> Result<(), Strin
     Ok(())
 }
 
+/// URLs as they may be printed: their passwords redacted.
+fn shown(urls: &[String]) -> String {
+    urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")
+}
+
 fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
     let path = path.unwrap_or_else(|| PathBuf::from("config.toml"));
     let config = tokenlease::Config::from_path(&path).map_err(|e| e.to_string())?;
@@ -88,9 +94,9 @@ fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
         Some(r) => println!(
             "  store: {} (timeout {:?}, fail_mode {})",
             match &r.sentinel {
-                Some(s) => format!("redis sentinel master `{}` via {}", s.master_name, s.nodes.join(", ")),
-                None if r.cluster.is_empty() => format!("redis {}", r.url),
-                None => format!("redis cluster {}", r.cluster.join(", ")),
+                Some(s) => format!("redis sentinel master `{}` via {}", s.master_name, shown(&s.nodes)),
+                None if r.cluster.is_empty() => format!("redis {}", redact_url(&r.url)),
+                None => format!("redis cluster {}", shown(&r.cluster)),
             },
             r.timeout,
             r.fail_mode.as_str()
