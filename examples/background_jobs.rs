@@ -58,7 +58,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             format!("redis://127.0.0.1:{port}")
         }
     };
-    println!("{processes} processes × {jobs} jobs, rule `reindex`: {rate} per second, on {url}");
+    println!(
+        "{processes} processes × {jobs} jobs, rule `reindex`: {rate} per second, on {}",
+        tokenlease::redact_url(&url)
+    );
     let exe = std::env::current_exe()?;
     let children: Vec<_> = (0..processes)
         .map(|_| {
