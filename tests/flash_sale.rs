@@ -52,6 +52,14 @@ fn three_processes_admit_at_most_the_bound_and_nearly_all_of_it() {
     );
     let calls = report["redis_calls"].as_f64().expect("calls");
     assert!(calls / admitted < 0.05, "{calls} Redis calls for {admitted} admitted");
+    // The decisions split by who made them, adding up to the attempts; leases make nearly all.
+    let by = |k: &str| report[k].as_u64().expect(k);
+    assert_eq!(
+        by("by_lease") + by("by_store") + by("fallback"),
+        by("attempts"),
+        "{report}"
+    );
+    assert!(by("by_lease") > by("attempts") / 2, "{report}");
     for field in [
         "span_s",
         "capacity",
@@ -87,6 +95,13 @@ fn the_no_lease_baseline_makes_one_redis_call_per_decision() {
     let attempts = report["attempts"].as_u64().expect("attempts");
     let calls = report["redis_calls"].as_u64().expect("calls");
     assert_eq!(calls, attempts, "{report}");
+    // Every decision is the store's: none from leases, none by fail_mode on a healthy Redis.
+    assert_eq!(report["by_store"].as_u64(), Some(attempts), "{report}");
+    assert_eq!(
+        (report["by_lease"].as_u64(), report["fallback"].as_u64()),
+        (Some(0), Some(0)),
+        "{report}"
+    );
     assert!(report["admitted"].as_f64().expect("a") <= report["bound"].as_f64().expect("b"));
     assert_eq!(report["lease_ttl_s"], 0.0);
 }

@@ -13,6 +13,10 @@ pub(super) struct Report {
     pub(super) admitted: u64,
     pub(super) rejected: u64,
     pub(super) errors: u64,
+    /// Hot-key decisions made from leased tokens in process (`source = local`).
+    pub(super) by_lease: u64,
+    /// Hot-key decisions made by a store call (`source = redis` or `memory`).
+    pub(super) by_store: u64,
     /// Hot-key decisions made by the rule's fail_mode because the store failed.
     pub(super) fallback: u64,
     /// All decisions made by fail_mode, by why: a store error, a store call's timeout, the breaker open.
@@ -36,6 +40,8 @@ impl Report {
         self.admitted += other.admitted;
         self.rejected += other.rejected;
         self.errors += other.errors;
+        self.by_lease += other.by_lease;
+        self.by_store += other.by_store;
         self.fallback += other.fallback;
         self.user_attempts += other.user_attempts;
         self.user_admitted += other.user_admitted;

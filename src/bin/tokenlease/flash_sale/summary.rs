@@ -32,11 +32,10 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
     let lease_ttl_s = limits.lease_ttl_s;
     let span_s = total.last_us.saturating_sub(total.first_us.min(total.last_us)) as f64 / 1e6;
     let (rate_per_s, bound) = (limits.rate_per_s, limits.bound(span_s));
-    let decisions_per_s = if span_s > 0.0 {
-        (total.attempts + total.user_attempts) as f64 / span_s
-    } else {
-        0.0
-    };
+    let fail_mode = total.fail_mode_errors + total.fail_mode_timeouts + total.fail_mode_circuit_open;
+    // Only the decisions the limiter made: a fail_mode answer says nothing of the limiter's speed.
+    let made = (total.attempts + total.user_attempts).saturating_sub(fail_mode);
+    let decisions_per_s = if span_s > 0.0 { made as f64 / span_s } else { 0.0 };
     let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
     let within = total.admitted as f64 <= bound;
 
@@ -62,7 +61,10 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
         100.0 * total.admitted as f64 / bound
     );
     println!("  rejected              {}", total.rejected);
-    let fail_mode = total.fail_mode_errors + total.fail_mode_timeouts + total.fail_mode_circuit_open;
+    println!(
+        "  decided by            {} from leases, {} by the store, {} by fail_mode (the hot key)",
+        total.by_lease, total.by_store, total.fallback
+    );
     if total.fallback > 0 || fail_mode > 0 {
         println!(
             "  decided by fail_mode  {} of the hot key; {fail_mode} in all: {} store errors, {} timeouts, {} breaker open",
@@ -83,7 +85,13 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
         total.redis_calls,
         total.redis_calls as f64 / total.admitted.max(1) as f64
     );
-    println!("  decisions/s           {decisions_per_s:.0}");
+    println!("  decisions/s           {decisions_per_s:.0} (made by the limiter: fail_mode answers left out)");
+    if total.fail_mode_circuit_open > 0 {
+        println!(
+            "  WARNING               the circuit breaker opened: {} answers came from fail_mode, not the store; raise [redis] timeout to measure the store",
+            total.fail_mode_circuit_open
+        );
+    }
     println!(
         "  latency p50/p99/p999  {:.2} / {:.2} / {:.2} µs",
         q(0.5),
@@ -113,6 +121,8 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             "admitted": total.admitted,
             "rejected": total.rejected,
             "errors": total.errors,
+            "by_lease": total.by_lease,
+            "by_store": total.by_store,
             "fallback": total.fallback,
             "fail_mode": {
                 "error": total.fail_mode_errors,

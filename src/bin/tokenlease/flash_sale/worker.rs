@@ -118,7 +118,11 @@ async fn run_task(
             Ok(d) => {
                 r.admitted += u64::from(d.allowed);
                 r.rejected += u64::from(!d.allowed);
-                r.fallback += u64::from(d.source == tokenlease::Source::Fallback);
+                match d.source {
+                    tokenlease::Source::Local => r.by_lease += 1,
+                    tokenlease::Source::Fallback => r.fallback += 1,
+                    _ => r.by_store += 1,
+                }
             }
             Err(_) => r.errors += 1,
         }
