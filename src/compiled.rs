@@ -9,8 +9,8 @@ use dashmap::DashMap;
 
 use crate::decision::Decision;
 use crate::lease::bucket::LocalBucket;
-use crate::rule::{FailMode, Rule};
-use crate::telemetry::RuleMetrics;
+use crate::rule::{Algorithm, FailMode, Rule};
+use crate::telemetry::{RuleMetrics, Series};
 
 /// A map keyed by strings with a fast hasher.
 pub(crate) type KeyMap<V> = DashMap<String, V, foldhash::fast::RandomState>;
@@ -68,6 +68,16 @@ impl Line {
     }
 }
 
+/// The series `rule` can produce (DESIGN: a rule without a lease has no lease series).
+fn series(rule: &Rule) -> Series {
+    let algorithms = || std::iter::once(&rule.algorithm).chain(rule.overrides.iter().map(|o| &o.algorithm));
+    Series {
+        leases: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { lease: Some(_), .. })),
+        queue: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. })),
+        shadow: rule.shadow,
+    }
+}
+
 /// A rule as the limiter runs it.
 #[derive(Debug)]
 pub(crate) struct Compiled {
@@ -87,7 +97,7 @@ impl Compiled {
     pub(crate) fn new(rule: Rule, default_mode: FailMode) -> Self {
         Self {
             fail_mode: rule.fail_mode.unwrap_or(default_mode),
-            metrics: RuleMetrics::new(&rule.name),
+            metrics: RuleMetrics::new(&rule.name, series(&rule)),
             leases: KeyMap::default(),
             queues: KeyMap::default(),
             waiting: AtomicI64::new(0),

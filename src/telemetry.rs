@@ -132,26 +132,70 @@ pub(crate) struct RuleMetrics {
     pub(crate) queue_wait: Histogram,
 }
 
+/// Which series a rule can produce: only those are registered, so that dashboards show what exists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Series {
+    /// The rule (or one of its overrides) leases: lease calls, leased, returned and outstanding tokens.
+    pub(crate) leases: bool,
+    /// The rule can be waited for with `acquire` (leaky and token buckets): queue depth and wait.
+    pub(crate) queue: bool,
+    /// The rule is in shadow mode: `shadow_rejected` decisions.
+    pub(crate) shadow: bool,
+}
+
 impl RuleMetrics {
-    pub(crate) fn new(rule: &str) -> Self {
+    /// Registers the handles of `rule` for the `series` it can produce; the others are no-ops, never exported.
+    pub(crate) fn new(rule: &str, series: Series) -> Self {
         let rule = SharedString::from(rule.to_owned());
         let decision = |outcome: &'static str, s: Source| counter!(DECISIONS_TOTAL, "rule" => rule.clone(), "outcome" => outcome, "source" => s.as_str());
-        let lease = |result: &'static str| counter!(LEASES_TOTAL, "rule" => rule.clone(), "result" => result);
+        let leases = series.leases;
+        let lease = |result: &'static str| {
+            if leases {
+                counter!(LEASES_TOTAL, "rule" => rule.clone(), "result" => result)
+            } else {
+                Counter::noop()
+            }
+        };
+        let lease_counter = |name: &'static str| {
+            if leases {
+                counter!(name, "rule" => rule.clone())
+            } else {
+                Counter::noop()
+            }
+        };
         Self {
             allowed: Source::ALL.map(|s| decision("allowed", s)),
             rejected: Source::ALL.map(|s| decision("rejected", s)),
-            shadow_rejected: Source::ALL.map(|s| decision("shadow_rejected", s)),
+            shadow_rejected: Source::ALL.map(|s| {
+                if series.shadow {
+                    decision("shadow_rejected", s)
+                } else {
+                    Counter::noop()
+                }
+            }),
             fail_mode: FailReason::ALL
                 .map(|r| counter!(FAIL_MODE_DECISIONS_TOTAL, "rule" => rule.clone(), "reason" => r.as_str())),
             lease_granted: lease("granted"),
             lease_partial: lease("partial"),
             lease_refused: lease("refused"),
             lease_error: lease("error"),
-            leased_tokens: counter!(LEASED_TOKENS_TOTAL, "rule" => rule.clone()),
-            returned_tokens: counter!(RETURNED_TOKENS_TOTAL, "rule" => rule.clone()),
-            outstanding: gauge!(OUTSTANDING_TOKENS, "rule" => rule.clone()),
-            queue_depth: gauge!(QUEUE_DEPTH, "rule" => rule.clone()),
-            queue_wait: histogram!(QUEUE_WAIT_SECONDS, "rule" => rule),
+            leased_tokens: lease_counter(LEASED_TOKENS_TOTAL),
+            returned_tokens: lease_counter(RETURNED_TOKENS_TOTAL),
+            outstanding: if leases {
+                gauge!(OUTSTANDING_TOKENS, "rule" => rule.clone())
+            } else {
+                Gauge::noop()
+            },
+            queue_depth: if series.queue {
+                gauge!(QUEUE_DEPTH, "rule" => rule.clone())
+            } else {
+                Gauge::noop()
+            },
+            queue_wait: if series.queue {
+                histogram!(QUEUE_WAIT_SECONDS, "rule" => rule)
+            } else {
+                Histogram::noop()
+            },
         }
     }
 

@@ -200,3 +200,45 @@ async fn queue_depth_and_wait_are_recorded() {
     );
     assert_eq!(rejected, 1, "{snap:#?}");
 }
+
+/// Only the series a rule can produce are registered (and so exported): a rule without a lease has no lease
+/// series, a window no queue series, a rule not in shadow mode no `shadow_rejected`.
+#[test]
+fn a_rule_registers_only_the_series_it_can_produce() {
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _limiter = metrics::with_local_recorder(&recorder, || {
+        let lease = Lease {
+            min_batch: 1,
+            max_batch: 10,
+            ttl: Duration::from_secs(1),
+        };
+        let leased = Rule::token_bucket("leased", 100, 10, Duration::from_secs(1))
+            .and_then(|r| r.with_lease(lease))
+            .expect("rule");
+        let window = Rule::fixed_window("window", 10, Duration::from_secs(10)).expect("rule");
+        common::limiter([leased, window]).build()
+    });
+    let snap = snap.snapshot().into_vec();
+    let series = |name: &str, rule: &str| {
+        snap.iter()
+            .filter(|(k, ..)| {
+                k.key().name() == name && k.key().labels().any(|l| l.key() == "rule" && l.value() == rule)
+            })
+            .count()
+    };
+    for name in [
+        "tokenlease_leases_total",
+        "tokenlease_leased_tokens_total",
+        "tokenlease_outstanding_tokens",
+        "tokenlease_queue_depth",
+    ] {
+        assert!(series(name, "leased") > 0, "{name} of the leased rule");
+        assert_eq!(series(name, "window"), 0, "{name} of a window rule");
+    }
+    assert!(series("tokenlease_decisions_total", "window") > 0);
+    let shadow = snap.iter().filter(|(k, ..)| {
+        k.key().name() == "tokenlease_decisions_total" && k.key().labels().any(|l| l.value() == "shadow_rejected")
+    });
+    assert_eq!(shadow.count(), 0, "no rule is in shadow mode");
+}
