@@ -147,16 +147,11 @@ impl Guarded {
                 source: None,
             });
         }
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let result = self.store.run(call).await;
-        self.breaker
-            .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
-        self.note(&result);
-        result
+        self.run_past_breaker(call).await
     }
 
     /// Runs a call even while the breaker is open (a debit at shutdown: its last chance); the result is
-    /// recorded as any call's.
+    /// recorded as any call's, by the breaker and for readiness.
     ///
     /// # Errors
     /// The store's error.
@@ -165,6 +160,7 @@ impl Guarded {
         let result = self.store.run(call).await;
         self.breaker
             .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
+        self.note(&result);
         result
     }
 
