@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::server::{free_port, wait_for, RedisServer};
+use super::server::{free_port, redis_cli, wait_for, RedisServer};
 
 /// A running `redis-sentinel` (quorum 1: it alone decides a failover).
 pub struct RedisSentinel {
@@ -55,14 +55,7 @@ impl RedisSentinel {
 
     /// Runs a command through `redis-cli` against the Sentinel.
     pub fn cmd(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        redis_cli(self.port, args)
     }
 
     /// The port of the master the Sentinel names for `name` now.

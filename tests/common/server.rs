@@ -24,6 +24,19 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
     }
 }
 
+/// Runs a command through `redis-cli` against the server (or Sentinel) on `port` and returns its raw output;
+/// `None` when it could not run or failed.
+pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// A running `redis-server`.
 pub struct RedisServer {
     pub port: u16,
@@ -123,14 +136,7 @@ impl RedisServer {
 
     /// Runs a command through `redis-cli` and returns its raw output.
     pub fn cmd(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        redis_cli(self.port, args)
     }
 
     /// Calls of a command so far, from `INFO commandstats` (e.g. "evalsha").
