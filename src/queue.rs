@@ -167,8 +167,12 @@ impl Queue {
         }
         let mut call = call;
         // What fail_mode local admitted alone is charged first, so this reservation counts it (invariant 12).
-        let result = match self.fallback.settle(&store_key, &algorithm).await {
-            Ok(()) => self.store.run(&call).await,
+        let result = match self
+            .fallback
+            .run((compiled.fail_mode, &algorithm), &store_key, &call)
+            .await
+        {
+            Ok(reply) => Ok(reply),
             Err(Unsettled::Failed(error)) => Err(error),
             Err(wait) => {
                 return Err(Error::QueueFull {

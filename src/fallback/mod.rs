@@ -157,8 +157,29 @@ impl Fallback {
 
     /// The store answered for `store_key` of a `local` rule with `remaining` tokens left in its shared
     /// `bucket`: the key's local share is lowered to this process's part of that.
-    pub(crate) fn report(&self, store_key: &str, bucket: TokenBucket, remaining: u64) {
+    fn report(&self, store_key: &str, bucket: TokenBucket, remaining: u64) {
         self.buckets.report(store_key, bucket, remaining, self.now_ms());
+    }
+
+    /// Runs `call`, a store call for `store_key` whose limits are `algorithm` under fail mode `mode`, with the
+    /// fail mode's bookkeeping around it (invariant 12): what the key's local share owes is charged first
+    /// ([`Fallback::settle`]), and a token bucket's answer under `local` lowers the key's share
+    /// ([`Fallback::report`]).
+    ///
+    /// # Errors
+    /// As [`Fallback::settle`], and [`Unsettled::Failed`] with the call's own store error.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        (mode, algorithm): (FailMode, &Algorithm),
+        store_key: &str,
+        call: &Call,
+    ) -> Result<Reply, Unsettled> {
+        self.settle(store_key, algorithm).await?;
+        let reply = self.store.run(call).await.map_err(Unsettled::Failed)?;
+        if let (FailMode::Local, Algorithm::TokenBucket { bucket, .. }) = (mode, algorithm) {
+            self.report(store_key, *bucket, reply.remaining);
+        }
+        Ok(reply)
     }
 
     /// Before a store call for `store_key` (whose limits are now `algorithm`): charges the shared bucket with what
@@ -171,7 +192,7 @@ impl Fallback {
     /// [`Unsettled::Busy`] while another caller's charge of the key is in flight (the caller is refused briefly:
     /// an answer now would not count that charge); [`Unsettled::Failed`] with the debit's store error (the
     /// tokens stay owed; the caller's call would most likely fail too).
-    pub(crate) async fn settle(self: &Arc<Self>, store_key: &str, algorithm: &Algorithm) -> Result<(), Unsettled> {
+    async fn settle(self: &Arc<Self>, store_key: &str, algorithm: &Algorithm) -> Result<(), Unsettled> {
         if let Some(ms) = self.buckets.held(store_key, self.now_ms()) {
             return Err(Unsettled::Held(Duration::from_millis(ms)));
         }

@@ -15,7 +15,7 @@ use crate::config::ProcessConfig;
 use crate::decision::{from_protocol_ms, Decision, Source};
 use crate::error::FailReason;
 use crate::fallback::{Fallback, Unsettled};
-use crate::rule::{Algorithm, FailMode, Lease};
+use crate::rule::{Algorithm, Lease};
 use crate::store::call::{store_key, Call};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
@@ -206,8 +206,9 @@ impl Engine {
         // timed out after Redis granted it would strand its tokens.
         let call = Call::take(&local.store_key, *bucket, plan.min, plan.max).with_timeout(self.store.timeouts.lease);
         // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
-        let result = match self.fallback.settle(&local.store_key, &unleased(bucket)).await {
-            Ok(()) => self.store.run(&call).await,
+        let modes = (compiled.fail_mode, &unleased(bucket));
+        let result = match self.fallback.run(modes, &local.store_key, &call).await {
+            Ok(reply) => Ok(reply),
             Err(Unsettled::Failed(error)) => Err(error),
             Err(wait) => {
                 // A charge of the key is in flight, or it was just charged and the other processes have yet to
@@ -217,9 +218,6 @@ impl Engine {
                 return;
             }
         };
-        if let (Ok(reply), FailMode::Local) = (&result, compiled.fail_mode) {
-            self.fallback.report(&local.store_key, *bucket, reply.remaining);
-        }
         let now = clock.now_ns();
         tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, "lease");
         let m = &compiled.metrics;

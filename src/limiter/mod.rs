@@ -148,28 +148,22 @@ impl Limiter {
         let store_key = store_key(&engine.key_prefix, &compiled.rule.name, key);
         let call = Call::check(algorithm, &store_key, cost, 1, &self.inner.members);
         // What fail_mode local admitted alone is charged first, so this call's answer counts it (invariant 12).
-        let result = match engine.fallback.settle(&store_key, algorithm).await {
-            Ok(()) => engine.store.run(&call).await,
-            Err(Unsettled::Failed(error)) => Err(error),
+        match engine
+            .fallback
+            .run((compiled.fail_mode, algorithm), &store_key, &call)
+            .await
+        {
+            Ok(reply) => Decision::from_reply(&reply, cost, engine.store.source()),
+            Err(Unsettled::Failed(error)) => {
+                tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
+                let reason = FailReason::of(&error);
+                engine.fallback.decide(compiled, algorithm, &store_key, cost, reason)
+            }
             // A charge of the key is in flight, or it was just charged and the other processes have yet to
             // charge theirs: an answer now would not count them.
             Err(wait) => {
                 let retry = wait.retry_after().unwrap_or(Duration::from_millis(1));
-                return Decision::bare(false, retry, Source::Local);
-            }
-        };
-        match result {
-            Ok(reply) => {
-                if let (Algorithm::TokenBucket { bucket, .. }, FailMode::Local) = (algorithm, compiled.fail_mode) {
-                    engine.fallback.report(&store_key, *bucket, reply.remaining);
-                }
-                Decision::from_reply(&reply, cost, engine.store.source())
-            }
-            Err(error) => {
-                tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
-                engine
-                    .fallback
-                    .decide(compiled, algorithm, &store_key, cost, FailReason::of(&error))
+                Decision::bare(false, retry, Source::Local)
             }
         }
     }
