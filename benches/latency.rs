@@ -143,6 +143,7 @@ fn rule(leased: bool) -> Rule {
             min_batch: 10,
             max_batch: 500,
             ttl: Duration::from_millis(200),
+            hot_after: None,
         })
         .expect("lease")
     } else {

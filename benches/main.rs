@@ -30,6 +30,7 @@ fn hot_rule(batch: u64) -> Rule {
                 min_batch: batch,
                 max_batch: batch,
                 ttl: Duration::from_secs(10),
+                hot_after: None,
             })
         })
         .expect("rule")

@@ -1,6 +1,6 @@
 //! Time sources. Rate math takes `now` from a [`Clock`] so that tests can fake it (governor's `FakeRelativeClock`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,6 +94,111 @@ impl FakeClock {
 impl Clock for FakeClock {
     fn now_ns(&self) -> u64 {
         self.now_ns.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticking_reading_keeps_up_and_is_at_most_two_ticks_ahead() {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        let recent = Recent::ticking(clock.clone());
+        let first = recent.now_ns();
+        for _ in 0..100 {
+            let reading = recent.now_ns();
+            assert!(reading <= clock.now_ns() + AHEAD_NS, "more than two ticks ahead");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // A real thread on a shared machine: it kept ticking, if not every millisecond.
+        assert!(
+            recent.now_ns() - first >= 50_000_000,
+            "the reading did not move with the clock"
+        );
+        let fake = FakeClock::starting_at(Duration::from_secs(5));
+        assert_eq!(
+            Recent::exact(Arc::new(fake.clone())).now_ns(),
+            fake.now_ns(),
+            "a fake clock is read as is"
+        );
+    }
+}
+
+/// How often a ticking [`Recent`] reads its clock.
+const TICK: Duration = Duration::from_millis(1);
+
+/// How far ahead of its last reading a ticking [`Recent`] answers: two ticks, so that its answer is no earlier
+/// than the true time while the ticker thread is late by less than a tick.
+const AHEAD_NS: u64 = 2 * 1_000_000;
+
+/// The lease engine's hot-path clock: the monotonic clock read every millisecond by a ticker thread, so that a
+/// decision costs one atomic load instead of a clock read (the idea of `quanta::Instant::recent`; quanta's
+/// reading is global and stays frozen when its upkeep thread stops, which a limiter cannot allow). It answers
+/// two ticks ahead of its last reading, so lease deadlines are met up to 2 ms early, never late, unless the
+/// ticker thread is descheduled for more than a tick. A clock given to the builder (a fake one in tests) is
+/// read directly.
+#[derive(Debug)]
+pub(crate) struct Recent {
+    clock: Arc<dyn Clock>,
+    ticker: Option<Arc<Ticker>>,
+}
+
+#[derive(Debug)]
+struct Ticker {
+    ns: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Recent {
+    /// Reads `clock` on every call.
+    pub(crate) fn exact(clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ticker: None }
+    }
+
+    /// Reads `clock` every millisecond on a thread of its own (stopped when this is dropped); reads it on every
+    /// call when the thread cannot be started.
+    pub(crate) fn ticking(clock: Arc<dyn Clock>) -> Self {
+        let ticker = Arc::new(Ticker {
+            ns: AtomicU64::new(clock.now_ns()),
+            stop: AtomicBool::new(false),
+        });
+        let (theirs, their_clock) = (ticker.clone(), clock.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tokenlease-clock".into())
+            .spawn(move || {
+                while !theirs.stop.load(Ordering::Relaxed) {
+                    theirs.ns.store(their_clock.now_ns(), Ordering::Relaxed);
+                    std::thread::sleep(TICK);
+                }
+            });
+        match spawned {
+            Ok(_) => Self {
+                clock,
+                ticker: Some(ticker),
+            },
+            Err(error) => {
+                tracing::warn!(%error, "no clock thread: reading the clock on every decision");
+                Self::exact(clock)
+            }
+        }
+    }
+
+    /// A time in ns on the clock's scale that is no earlier than now (see the type's docs).
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        match &self.ticker {
+            Some(t) => t.ns.load(Ordering::Relaxed).saturating_add(AHEAD_NS),
+            None => self.clock.now_ns(),
+        }
+    }
+}
+
+impl Drop for Recent {
+    fn drop(&mut self) {
+        if let Some(t) = &self.ticker {
+            t.stop.store(true, Ordering::Relaxed);
+        }
     }
 }
 

@@ -1,14 +1,17 @@
 //! A rule as the limiter runs it: the rule, its fail mode, its metric handles, the keys it leases into this
 //! process and the order of its queues' callers. Built once per rule (and again on a reload that changes it).
 
-use std::sync::atomic::AtomicI64;
-use std::sync::Arc;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dashmap::DashMap;
 
 use crate::decision::Decision;
 use crate::lease::bucket::LocalBucket;
+use crate::lease::heat::Heat;
+use crate::lease::shards::Counts;
 use crate::rule::{Algorithm, FailMode, Rule};
 use crate::telemetry::{RuleMetrics, Series};
 
@@ -84,8 +87,18 @@ pub(crate) struct Compiled {
     pub(crate) rule: Rule,
     pub(crate) fail_mode: FailMode,
     pub(crate) metrics: RuleMetrics,
-    /// Leased tokens per key (rules with a lease only).
+    /// Leased tokens per hot key (rules with a lease only).
     pub(crate) leases: KeyMap<Arc<LocalBucket>>,
+    /// Recent decisions of the keys that do not lease, to find the hot ones (made on the first).
+    pub(crate) heat: OnceLock<Heat>,
+    /// The hasher of keys for [`Compiled::heat`].
+    hasher: foldhash::fast::RandomState,
+    /// The smallest capacity of the rule and its overrides: a cost up to it needs no per-key check.
+    pub(crate) min_capacity: u64,
+    /// Replaced by a reload or gone with its limiter: a handle on it resolves its rule again.
+    pub(crate) retired: AtomicBool,
+    /// The rule (or one of its overrides) leases.
+    pub(crate) leased: bool,
     /// Per key, this process's queue of `acquire` callers.
     pub(crate) queues: KeyMap<Arc<Line>>,
     /// Callers of this rule waiting in a queue now.
@@ -95,14 +108,50 @@ pub(crate) struct Compiled {
 impl Compiled {
     /// Compiles `rule`; its own fail mode wins over `default_mode`. Registers its metric handles.
     pub(crate) fn new(rule: Rule, default_mode: FailMode) -> Self {
+        let capacities = std::iter::once(&rule.algorithm)
+            .chain(rule.overrides.iter().map(|o| &o.algorithm))
+            .map(Algorithm::capacity);
+        let series = series(&rule);
         Self {
+            leased: series.leases,
+            min_capacity: capacities.min().unwrap_or(0),
+            heat: OnceLock::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            retired: AtomicBool::new(false),
             fail_mode: rule.fail_mode.unwrap_or(default_mode),
-            metrics: RuleMetrics::new(&rule.name, series(&rule)),
+            metrics: RuleMetrics::new(&rule.name, series),
             leases: KeyMap::default(),
             queues: KeyMap::default(),
             waiting: AtomicI64::new(0),
             rule,
         }
+    }
+
+    /// The hash of a key for [`Compiled::heat`].
+    pub(crate) fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// Whether a reload replaced this rule (or its limiter shut down).
+    #[inline]
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Applies shadow mode to a decision its key's shards counted already (`lease/shards.rs`).
+    #[inline]
+    pub(crate) fn shadowed(&self, mut decision: Decision) -> Decision {
+        if self.rule.shadow && !decision.allowed {
+            decision.allowed = true;
+            decision.shadowed = true;
+            decision.retry_after = Duration::ZERO;
+        }
+        decision
+    }
+
+    /// Adds the decisions a key's shards counted to the metrics (a shadow rule's refusals as `shadow_rejected`).
+    pub(crate) fn flush(&self, counts: Counts) {
+        self.metrics.local_decisions(counts, self.rule.shadow);
     }
 
     /// Counts a decision and applies shadow mode: a shadow rule's refusal is counted as `shadow_rejected` and

@@ -152,6 +152,8 @@ struct RawLease {
     max_batch: u64,
     #[serde(with = "humantime_serde")]
     ttl: Duration,
+    #[serde(default)]
+    hot_after: Option<u64>,
 }
 
 fn one() -> u64 {
@@ -410,6 +412,7 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
                         min_batch: l.min_batch,
                         max_batch: l.max_batch,
                         ttl: l.ttl,
+                        hot_after: l.hot_after,
                     };
                     rule::validate_lease(&lease, capacity)?;
                     Some(lease)

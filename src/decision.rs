@@ -42,8 +42,9 @@ impl Source {
 pub struct Decision {
     /// Whether the call may go ahead (its tokens are spent).
     pub allowed: bool,
-    /// Tokens left: in the shared bucket for decisions made by a store; in this process for decisions made
-    /// from leased tokens (`source == Local`).
+    /// Tokens left: in the shared bucket for decisions made by a store; for decisions made from leased tokens
+    /// (`source == Local`), a lower bound of what this process has left (what the deciding thread's shard has:
+    /// the others are not read on the hot path; 0 when refused).
     pub remaining: u64,
     /// Zero when allowed; otherwise how long until the same call would be allowed. [`Duration::MAX`] when it
     /// never can (a stock with rate 0).

@@ -26,6 +26,6 @@ pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use config::{redact_url, Config, MetricsConfig, ProcessConfig, RedisConfig, SentinelConfig, ServeConfig};
 pub use decision::{Decision, Permit, Source};
 pub use error::{ConfigError, Error, StoreError, StoreErrorKind};
-pub use limiter::{Limiter, LimiterBuilder, LimiterStats, Readiness};
+pub use limiter::{Limiter, LimiterBuilder, LimiterStats, Readiness, RuleHandle};
 pub use rule::{Algorithm, FailMode, Lease, Override, Quota, Rule};
 pub use store::{BoxFuture, MemoryStore, RedisStore, Store};

@@ -29,6 +29,8 @@ pub const REDIS_DURATION_SECONDS: &str = "tokenlease_redis_duration_seconds";
 pub const REDIS_ERRORS_TOTAL: &str = "tokenlease_redis_errors_total";
 /// Keys held in the local lease cache.
 pub const LOCAL_KEYS: &str = "tokenlease_local_keys";
+/// Keys of a rule that lease in this process now (hot keys), by `rule`.
+pub const HOT_KEYS: &str = "tokenlease_hot_keys";
 /// Callers waiting in a queue, by `rule`.
 pub const QUEUE_DEPTH: &str = "tokenlease_queue_depth";
 /// Time callers waited in a queue, in seconds, by `rule`.
@@ -105,6 +107,11 @@ pub fn describe() {
         "1 when Redis maxmemory-policy may evict limiter keys (allkeys-*, volatile-*), else 0"
     );
     describe_gauge!(LOCAL_KEYS, Unit::Count, "Keys held in the local lease cache");
+    describe_gauge!(
+        HOT_KEYS,
+        Unit::Count,
+        "Keys of a rule that lease in this process now (decided often enough to spend a batch within the lease TTL)"
+    );
     describe_gauge!(QUEUE_DEPTH, Unit::Count, "Callers waiting in a queue, by rule");
     describe_histogram!(
         QUEUE_WAIT_SECONDS,
@@ -128,6 +135,7 @@ pub(crate) struct RuleMetrics {
     pub(crate) leased_tokens: Counter,
     pub(crate) returned_tokens: Counter,
     pub(crate) outstanding: Gauge,
+    pub(crate) hot_keys: Gauge,
     pub(crate) queue_depth: Gauge,
     pub(crate) queue_wait: Histogram,
 }
@@ -186,6 +194,11 @@ impl RuleMetrics {
             } else {
                 Gauge::noop()
             },
+            hot_keys: if leases {
+                gauge!(HOT_KEYS, "rule" => rule.clone())
+            } else {
+                Gauge::noop()
+            },
             queue_depth: if series.queue {
                 gauge!(QUEUE_DEPTH, "rule" => rule.clone())
             } else {
@@ -206,6 +219,18 @@ impl RuleMetrics {
             self.allowed[i].increment(1);
         } else {
             self.rejected[i].increment(1);
+        }
+    }
+
+    /// Decisions a key's shards counted on the hot path (source `local`); a `shadow` rule's refusals were
+    /// turned into allowances.
+    pub(crate) fn local_decisions(&self, counts: crate::lease::shards::Counts, shadow: bool) {
+        let i = Source::Local as usize;
+        self.allowed[i].increment(counts.allowed);
+        if shadow {
+            self.shadow_rejected[i].increment(counts.refused);
+        } else {
+            self.rejected[i].increment(counts.refused);
         }
     }
 

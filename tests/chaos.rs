@@ -37,6 +37,7 @@ fn rule() -> Rule {
         min_batch: 5,
         max_batch: 50,
         ttl: TTL,
+        hot_after: None,
     };
     Rule::token_bucket("sku_buy", CAPACITY, RATE_PER_S, Duration::from_secs(1))
         .and_then(|r| r.with_lease(lease))

@@ -123,6 +123,7 @@ async fn a_slow_lease_is_not_a_failed_store() {
         min_batch: 10,
         max_batch: 10,
         ttl: Duration::from_secs(60),
+        hot_after: Some(1),
     };
     let rules = [
         Rule::token_bucket("leased", 100, 1, Duration::from_secs(3600))

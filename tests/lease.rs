@@ -37,6 +37,7 @@ async fn two_limiters_by_eight_tasks_never_admit_more_than_the_bound() {
                     min_batch: 5,
                     max_batch: 50,
                     ttl,
+                    hot_after: Some(1),
                 })
             })
             .expect("rule")
@@ -88,6 +89,7 @@ async fn unused_tokens_go_back_on_lease_expiry() {
                 min_batch: 20,
                 max_batch: 20,
                 ttl: Duration::from_millis(100),
+                hot_after: Some(1),
             })
         })
         .expect("rule");
@@ -126,8 +128,9 @@ async fn shutdown_gives_every_leased_token_back() {
         .and_then(|r| {
             r.with_lease(Lease {
                 min_batch: 30,
-                max_batch: 30,
+                max_batch: 60,
                 ttl: Duration::from_secs(60),
+                hot_after: Some(1),
             })
         })
         .expect("rule");
@@ -137,9 +140,9 @@ async fn shutdown_gives_every_leased_token_back() {
             assert!(limiter.check("sd", key, 1).await.expect("check").allowed);
         }
     }
-    // A batch is capped at half of a process's share: 100 / (2 × 2 expected processes) = 25.
+    // A batch is capped at a process's share: 100 / 2 expected processes = 50.
     for key in ["a", "b", "c"] {
-        assert_eq!(redis_tokens(&server, &limiter.store_key("sd", key), 100, 3_600_000), 75);
+        assert_eq!(redis_tokens(&server, &limiter.store_key("sd", key), 100, 3_600_000), 50);
     }
     limiter.shutdown().await;
     for key in ["a", "b", "c"] {
@@ -165,6 +168,7 @@ async fn a_refused_hot_key_is_refused_locally() {
                 min_batch: 5,
                 max_batch: 10,
                 ttl: Duration::from_secs(60),
+                hot_after: Some(1),
             })
         })
         .expect("rule");
@@ -201,6 +205,7 @@ async fn a_hot_key_costs_redis_a_call_per_batch() {
                 min_batch: 100,
                 max_batch: 1000,
                 ttl: Duration::from_secs(5),
+                hot_after: Some(1),
             })
         })
         .expect("rule");
@@ -224,6 +229,7 @@ async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
                 min_batch: 10,
                 max_batch: 10,
                 ttl: Duration::from_secs(60),
+                hot_after: Some(1),
             })
         })
         .expect("rule");

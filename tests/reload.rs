@@ -21,7 +21,7 @@ algorithm = "token_bucket"
 capacity = 100
 rate = 1
 per = "1h"
-lease = { min_batch = 10, max_batch = 10, ttl = "1h" }
+lease = { min_batch = 10, max_batch = 10, ttl = "1h", hot_after = 1 }
 
 [[rule]]
 name = "gone"

@@ -1,8 +1,9 @@
 //! One key's leased tokens in this process: a [`LocalBucket`].
 //!
-//! A [`LocalBucket`] is what the hot path touches: an atomic count of leased tokens taken with one
-//! compare-and-swap, a deadline, and a cached "exhausted until". Everything slower (the book of leases and
-//! their deadlines, the adaptive batch size) sits behind a mutex that only the lease and expiry paths take.
+//! A [`LocalBucket`] is what the hot path touches: the leased tokens in per-core shards (`shards.rs`), taken
+//! with one compare-and-swap on the thread's own shard, a deadline, and a cached "exhausted until". Everything
+//! slower (the book of leases and their deadlines, the adaptive batch size, the turns on a saturated shared
+//! bucket) sits behind a mutex that only the lease, expiry and sweep paths take.
 //!
 //! Invariant 1 (docs/ARCHITECTURE.md, "Invariants") rests on the deadlines: a token is spent at most `ttl` after the lease that
 //! brought it was *sent*, so over any span W the process admits at most what Redis granted over W + ttl.
@@ -16,6 +17,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::shards::{Counts, Shards};
+use super::turns::Turns;
 use crate::algorithm::{Reply, TokenBucket};
 use crate::clock::nanos;
 use crate::error::FailReason;
@@ -39,13 +42,20 @@ struct Book {
     batches: VecDeque<Batch>,
     /// The adaptive batch size, in tokens.
     batch: u64,
-    /// The last lease was refused or partial: ask for a whole batch as `min` (docs/ARCHITECTURE.md, invariant 4).
+    /// The last lease was refused or partial: wait for this process's turn (docs/ARCHITECTURE.md, invariant 4).
     saturated: bool,
-    /// When the last lease was sent, and how many tokens were there right after it arrived.
+    /// When the last lease was sent, and the decisions counted by then.
     last_lease_ns: u64,
-    available_after_lease: u64,
-    /// Tokens spent per second between the last two leases.
-    spend_per_s: u64,
+    decisions_at_lease: u64,
+    /// Decisions per second between the last two leases (the demand, refusals included).
+    demand_per_s: u64,
+    /// The turns this process takes on the shared bucket when it is saturated.
+    turns: Turns,
+    /// Decisions already added to the metrics.
+    flushed: Counts,
+    /// When the sweeper last measured the key's heat, and the decisions counted by then.
+    heat_at_ns: u64,
+    decisions_at_heat: u64,
 }
 
 /// What a lease will ask the shared bucket for.
@@ -55,6 +65,9 @@ pub(crate) struct LeasePlan {
     pub min: u64,
     /// Grant at most this many tokens.
     pub max: u64,
+    /// The batch: what a lease is sized for (`max` is twice it on a saturated bucket, so that a turn that comes
+    /// late takes what accumulated).
+    pub batch: u64,
 }
 
 /// One key's leased tokens in this process.
@@ -66,8 +79,8 @@ pub(crate) struct LocalBucket {
     pub bucket: TokenBucket,
     /// The lease settings for this key.
     pub lease: Lease,
-    /// Tokens that may be spent now.
-    available: AtomicU64,
+    /// Tokens that may be spent now, in per-core shards.
+    tokens: Shards,
     /// Earliest deadline of a batch holding tokens; [`NO_DEADLINE`] when none.
     next_deadline_ns: AtomicU64,
     /// The shared bucket said "empty": refuse locally until then.
@@ -80,7 +93,7 @@ pub(crate) struct LocalBucket {
     fail_reason: AtomicU8,
     /// When the shared bucket will be full again, from the last reply.
     full_at_ns: AtomicU64,
-    /// Below this many tokens a lease is started in the background.
+    /// Below this many tokens (in all shards) a lease is started in the background.
     low_watermark: AtomicU64,
     /// A caller found too few tokens since the last lease (demand outran the batch).
     starved: AtomicBool,
@@ -108,12 +121,15 @@ pub(crate) enum Take {
 }
 
 impl LocalBucket {
-    pub(crate) fn new(store_key: String, bucket: TokenBucket, lease: Lease, now_ns: u64) -> Self {
+    /// A key's empty bucket; `processes` is the configured `expected_processes` (the first guess of this
+    /// process's share of a saturated bucket, `turns.rs`).
+    pub(crate) fn new(store_key: String, bucket: TokenBucket, lease: Lease, processes: u64, now_ns: u64) -> Self {
+        let turns = Turns::new(seed(&store_key, now_ns), processes, &bucket);
         Self {
             store_key,
             bucket,
             lease,
-            available: AtomicU64::new(0),
+            tokens: Shards::default(),
             next_deadline_ns: AtomicU64::new(NO_DEADLINE),
             exhausted_until_ns: AtomicU64::new(0),
             exhausted_never: AtomicBool::new(false),
@@ -131,15 +147,19 @@ impl LocalBucket {
                 batch: lease.min_batch,
                 saturated: false,
                 last_lease_ns: now_ns,
-                available_after_lease: 0,
-                spend_per_s: 0,
+                decisions_at_lease: 0,
+                demand_per_s: 0,
+                turns,
+                flushed: Counts::default(),
+                heat_at_ns: now_ns,
+                decisions_at_heat: 0,
             }),
         }
     }
 
-    /// Tokens that may be spent now.
+    /// Tokens that may be spent now (a sum over the shards).
     pub(crate) fn available(&self) -> u64 {
-        self.available.load(Ordering::Acquire)
+        self.tokens.total()
     }
 
     /// Whether a batch's deadline has passed, so [`Self::expire`] has work.
@@ -148,22 +168,13 @@ impl LocalBucket {
         now_ns >= self.next_deadline_ns.load(Ordering::Acquire)
     }
 
-    /// The hot path: one compare-and-swap when tokens are there, one or two loads when they are not.
+    /// The hot path: one compare-and-swap on this thread's shard when tokens are there, one or two loads when
+    /// they are not. A taken or refused decision is counted in the shard (`Empty` decides nothing).
     #[inline]
     pub(crate) fn try_take(&self, cost: u64, now_ns: u64) -> Take {
-        let mut current = self.available.load(Ordering::Acquire);
-        while current >= cost {
-            match self
-                .available
-                .compare_exchange_weak(current, current - cost, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    return Take::Taken {
-                        remaining: current - cost,
-                    }
-                }
-                Err(actual) => current = actual,
-            }
+        if let Some(remaining) = self.tokens.take(cost) {
+            self.tokens.count(true);
+            return Take::Taken { remaining };
         }
         let until = self.exhausted_until_ns.load(Ordering::Acquire);
         if now_ns < until {
@@ -173,6 +184,7 @@ impl LocalBucket {
             } else {
                 Duration::from_nanos(until - now_ns)
             };
+            self.tokens.count(false);
             return Take::Exhausted { retry_after };
         }
         Take::Empty
@@ -183,10 +195,15 @@ impl LocalBucket {
         now_ns < self.failing_until_ns.load(Ordering::Acquire)
     }
 
-    /// Whether the remaining tokens call for a background lease.
+    /// Whether the tokens left call for a background lease, `home_left` being what this thread's shard has
+    /// left (the sum over all shards is read only when that share is low). Not before this process's turn on
+    /// a saturated shared bucket (`turns.rs`).
     #[inline]
-    pub(crate) fn below_watermark(&self, remaining: u64) -> bool {
-        remaining < self.low_watermark.load(Ordering::Relaxed)
+    pub(crate) fn below_watermark(&self, home_left: u64, now_ns: u64) -> bool {
+        let watermark = self.low_watermark.load(Ordering::Relaxed);
+        home_left.saturating_mul(self.tokens.len() as u64) < watermark
+            && now_ns >= self.exhausted_until_ns.load(Ordering::Acquire)
+            && self.tokens.total() < watermark
     }
 
     /// Marks that demand outran the local tokens.
@@ -225,40 +242,58 @@ impl LocalBucket {
         self.full_at_ns.load(Ordering::Relaxed).saturating_sub(now_ns)
     }
 
-    /// Plans the next lease: sizes the batch from the rate tokens were spent at since the last lease, and
-    /// asks for the whole batch as `min` when the shared bucket is saturated.
+    /// Plans the next lease: sizes the batch from the demand since the last lease (decisions per second,
+    /// refusals included, so a saturated key keeps its size) to last half the lease TTL, and asks for the whole
+    /// batch as `min` when the shared bucket is saturated.
     ///
-    /// `fair_share` caps the batch; `cost` is what the caller needs.
+    /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
+    /// processes; once it is, the processes take turns (`turns.rs`) and a batch may reach `max_batch`. `cost`
+    /// is what the caller needs.
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
         let mut book = self.lock();
-        let available = self.available.load(Ordering::Acquire);
-        let spent = book.available_after_lease.saturating_sub(available);
+        let decisions = self.tokens.counts().total();
+        let decided = decisions.saturating_sub(book.decisions_at_lease);
         let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
-        // Tokens per ttl/2 at the observed rate: a batch should be spent well within its TTL.
+        // Decisions per ttl/2 at the observed demand: a batch should be spent well within its TTL.
         let horizon_ns = (nanos(lease.ttl) / 2).max(1);
         let observed =
-            u64::try_from(u128::from(spent) * u128::from(horizon_ns) / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
-        book.spend_per_s =
-            u64::try_from(u128::from(spent) * 1_000_000_000 / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
+            u64::try_from(u128::from(decided) * u128::from(horizon_ns) / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
+        book.demand_per_s =
+            u64::try_from(u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
         let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
         if self.starved.swap(false, Ordering::Relaxed) {
             batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
         }
-        let batch = batch.min(fair_share.max(1)).max(cost);
+        if !book.saturated {
+            batch = batch.min(fair_share.max(1));
+        }
+        let batch = batch.max(cost);
         book.batch = batch;
         book.last_lease_ns = now_ns;
+        book.decisions_at_lease = decisions;
         self.last_used_ns.store(now_ns, Ordering::Relaxed);
         self.low_watermark.store(batch / 4, Ordering::Relaxed);
-        let min = if book.saturated { batch } else { cost };
-        LeasePlan { min, max: batch }
+        // Saturated: the calls are spaced by the turns (`turns.rs`), and each takes what accumulated, however
+        // little (a refusal would cost the same call and admit nothing), up to two batches (what the demand
+        // spends within the TTL), so that a turn that comes late loses nothing.
+        if book.saturated {
+            let max = batch.saturating_mul(2).min(self.bucket.capacity).max(batch);
+            LeasePlan { min: cost, max, batch }
+        } else {
+            LeasePlan {
+                min: cost,
+                max: batch,
+                batch,
+            }
+        }
     }
 
     /// Adds a granted batch that must be spent by `deadline_ns`.
     ///
     /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), the
-    /// next lease asks for a whole batch as `min` and is not sent before a batch can have accumulated: until
-    /// then, callers that find no local tokens are refused locally (docs/ARCHITECTURE.md, invariant 4).
+    /// next lease is not sent before this process's turn (`turns.rs`): until then, callers that find no local
+    /// tokens are refused locally (docs/ARCHITECTURE.md, invariant 4).
     ///
     /// Returns `false`, adding nothing, when the bucket is retired or the deadline has already passed (a late
     /// reply): the caller gives the grant back.
@@ -269,30 +304,30 @@ impl LocalBucket {
         if self.retired.load(Ordering::Acquire) || now_ns >= deadline_ns {
             return false;
         }
-        let available = self.available.load(Ordering::Acquire);
-        Self::attribute(&mut book, available);
+        Self::attribute(&mut book, self.tokens.total());
         book.batches.push_back(Batch {
             tokens: grant.granted,
             deadline_ns,
         });
         // The deadline is in force before the tokens can be spent.
         self.next_deadline_ns.fetch_min(deadline_ns, Ordering::AcqRel);
-        book.saturated = grant.granted < plan.max || grant.remaining < plan.max;
+        book.saturated = grant.granted < plan.batch || grant.remaining < plan.batch;
         // The next lease starts while enough is left to last two of this lease's round trips at the spend rate
         // (a quarter of the batch at least, the whole batch at most): on a slow network the refill then
         // arrives before the tokens run out.
         let round_trip_ns = now_ns.saturating_sub(book.last_lease_ns);
-        let for_two_trips = u128::from(book.spend_per_s) * u128::from(round_trip_ns) * 2 / 1_000_000_000;
+        let for_two_trips = u128::from(book.demand_per_s) * u128::from(round_trip_ns) * 2 / 1_000_000_000;
         let for_two_trips = u64::try_from(for_two_trips).unwrap_or(u64::MAX);
         self.low_watermark
-            .store((plan.max / 4).max(for_two_trips).min(plan.max), Ordering::Relaxed);
-        let total = self.available.fetch_add(grant.granted, Ordering::AcqRel) + grant.granted;
-        book.available_after_lease = total;
+            .store((plan.batch / 4).max(for_two_trips).min(plan.batch), Ordering::Relaxed);
+        self.tokens.add(grant.granted);
+        let before = grant.granted.saturating_add(grant.remaining);
+        book.turns.observe(bucket, before, grant.remaining, now_ns);
         let mut not_before = 0;
-        if book.saturated && bucket.rate > 0 {
-            let missing = plan.max.saturating_sub(grant.remaining);
-            let wait_ms = (missing.saturating_mul(bucket.per_ms)).div_ceil(bucket.rate);
-            not_before = now_ns.saturating_add(wait_ms.saturating_mul(1_000_000));
+        if book.saturated {
+            // Not before this process's share of the refill makes a batch: its turn (`turns.rs`).
+            let wait_ns = book.turns.wait_ns(bucket, plan.batch, grant.remaining);
+            not_before = now_ns.saturating_add(wait_ns);
         }
         self.exhausted_never.store(false, Ordering::Relaxed);
         self.exhausted_until_ns.store(not_before, Ordering::Release);
@@ -321,6 +356,30 @@ impl LocalBucket {
             .store(now_ns.saturating_add(nanos(reset_after)), Ordering::Relaxed);
     }
 
+    /// Records a lease the shared bucket refused (it had `reply.remaining`, fewer than `plan.min`: another
+    /// process just took its turn): refuse locally until this process's next turn (`turns.rs`), and at least
+    /// the reply's `retry_after`.
+    pub(crate) fn refused_by_store(&self, reply: &Reply, plan: LeasePlan, retry_after: Duration, now_ns: u64) {
+        let wait = {
+            let mut book = self.lock();
+            book.turns
+                .observe(&self.bucket, reply.remaining, reply.remaining, now_ns);
+            let turn = book.turns.wait_ns(&self.bucket, plan.batch, reply.remaining);
+            if retry_after == Duration::MAX {
+                retry_after
+            } else {
+                retry_after.max(Duration::from_nanos(turn))
+            }
+        };
+        let reset_after = crate::decision::from_protocol_ms(reply.reset_after_ms);
+        self.refused(wait, super::engine::NEVER_RECHECK, reset_after, now_ns);
+    }
+
+    /// This process's estimated share of the shared bucket's refill (`turns.rs`).
+    pub(crate) fn share(&self) -> f64 {
+        self.lock().turns.share()
+    }
+
     /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.
     pub(crate) fn failed(&self, reason: FailReason, backoff: Duration, now_ns: u64) {
         self.fail_reason.store(reason as u8, Ordering::Relaxed);
@@ -335,9 +394,12 @@ impl LocalBucket {
     }
 
     /// Removes the tokens whose deadline has passed and returns how many, to be given back.
+    ///
+    /// Callers taking tokens meanwhile take the oldest first, so what is removed may include tokens of a live
+    /// batch: those go back to the shared bucket too, never spent twice.
     pub(crate) fn expire(&self, now_ns: u64) -> u64 {
         let mut book = self.lock();
-        let mut current = self.available.load(Ordering::Acquire);
+        let current = self.tokens.total();
         Self::attribute(&mut book, current);
         let live: u64 = book
             .batches
@@ -345,21 +407,8 @@ impl LocalBucket {
             .filter(|b| b.deadline_ns > now_ns)
             .map(|b| b.tokens)
             .sum();
-        let expired = loop {
-            let expired = current.saturating_sub(live);
-            if expired == 0 {
-                break 0;
-            }
-            match self
-                .available
-                .compare_exchange(current, current - expired, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break expired,
-                Err(actual) => current = actual,
-            }
-        };
+        let expired = self.tokens.remove(current.saturating_sub(live));
         book.batches.retain(|b| b.deadline_ns > now_ns);
-        book.available_after_lease = book.available_after_lease.saturating_sub(expired);
         self.publish_deadline(&book);
         expired
     }
@@ -369,9 +418,34 @@ impl LocalBucket {
         let mut book = self.lock();
         self.retired.store(true, Ordering::Release);
         book.batches.clear();
-        book.available_after_lease = 0;
         self.next_deadline_ns.store(NO_DEADLINE, Ordering::Release);
-        self.available.swap(0, Ordering::AcqRel)
+        self.tokens.drain()
+    }
+
+    /// The decisions counted since the last call, for the metrics.
+    pub(crate) fn unflushed(&self) -> Counts {
+        let counts = self.tokens.counts();
+        let mut book = self.lock();
+        let new = Counts {
+            allowed: counts.allowed.saturating_sub(book.flushed.allowed),
+            refused: counts.refused.saturating_sub(book.flushed.refused),
+        };
+        book.flushed = counts;
+        new
+    }
+
+    /// Decisions per second since the last call, once at least `period_ns` has passed since it (`None` before).
+    pub(crate) fn heat(&self, period_ns: u64, now_ns: u64) -> Option<u64> {
+        let decisions = self.tokens.counts().total();
+        let mut book = self.lock();
+        let elapsed_ns = now_ns.saturating_sub(book.heat_at_ns);
+        if elapsed_ns < period_ns.max(1) {
+            return None;
+        }
+        let decided = decisions.saturating_sub(book.decisions_at_heat);
+        book.heat_at_ns = now_ns;
+        book.decisions_at_heat = decisions;
+        u64::try_from(u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns)).ok()
     }
 
     /// Spending is first-in first-out: the `available` tokens belong to the newest batches.
@@ -395,6 +469,12 @@ impl LocalBucket {
     }
 }
 
+/// A seed for a key's jitter: its store key and the time its bucket was made.
+fn seed(store_key: &str, now_ns: u64) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(now_ns).hash_one(store_key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +484,7 @@ mod tests {
             min_batch: 10,
             max_batch: 100,
             ttl: Duration::from_millis(200),
+            hot_after: None,
         }
     }
 
@@ -414,7 +495,7 @@ mod tests {
             rate: 1,
             per_ms: 1000,
         };
-        LocalBucket::new("k".into(), bucket, lease(), 0)
+        LocalBucket::new("k".into(), bucket, lease(), 1, 0)
     }
 
     #[test]
@@ -428,7 +509,8 @@ mod tests {
             reset_after_ms: 0,
         };
         assert!(b.add(&grant(10), 200, plan, 0));
-        assert_eq!(b.try_take(4, 10), Take::Taken { remaining: 6 });
+        assert!(matches!(b.try_take(4, 10), Take::Taken { .. }));
+        assert_eq!(b.available(), 6);
         assert!(b.add(&grant(10), 300, plan, 100));
         assert!(
             !b.add(&grant(10), 150, plan, 150),
@@ -438,7 +520,8 @@ mod tests {
         assert_eq!(b.expire(199), 0);
         assert_eq!(b.expire(200), 6);
         assert_eq!(b.available(), 10);
-        assert_eq!(b.try_take(3, 201), Take::Taken { remaining: 7 });
+        assert!(matches!(b.try_take(3, 201), Take::Taken { .. }));
+        assert_eq!(b.available(), 7);
         assert_eq!(b.expire(300), 7);
         assert_eq!(b.available(), 0);
         assert!(!b.has_expired(10_000), "nothing left to expire");

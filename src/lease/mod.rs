@@ -6,3 +6,6 @@
 
 pub(crate) mod bucket;
 pub(crate) mod engine;
+pub(crate) mod heat;
+pub(crate) mod shards;
+pub(crate) mod turns;

@@ -9,7 +9,7 @@ use dashmap::DashMap;
 
 use super::{lifecycle, Inner, Limiter, RuleMap};
 use crate::background::Background;
-use crate::clock::{Clock, MonotonicClock};
+use crate::clock::{Clock, MonotonicClock, Recent};
 use crate::compiled::Compiled;
 use crate::config::{self, Config, ProcessConfig, RedisConfig};
 use crate::error::Error;
@@ -102,6 +102,9 @@ impl LimiterBuilder {
     /// processes, or process settings out of range (`max_key_bytes` outside 1 to 1 MiB, zero `max_local_keys`
     /// or `idle_ttl`).
     pub fn build(self) -> Result<Limiter, Error> {
+        // The default clock is read every millisecond by a thread for the hot path; a given one (a fake clock in
+        // tests) is read on every decision.
+        let ticking = self.clock.is_none();
         let clock = self.clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let store = self
             .store
@@ -138,6 +141,11 @@ impl LimiterBuilder {
             store,
             fallback,
             background,
+            recent: if ticking {
+                Recent::ticking(clock.clone())
+            } else {
+                Recent::exact(clock.clone())
+            },
             clock,
             key_prefix,
             process: self.process,

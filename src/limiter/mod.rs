@@ -18,17 +18,19 @@ use crate::config::RedisConfig;
 use crate::decision::{Decision, Permit, Source};
 use crate::error::{Error, FailReason, StoreError};
 use crate::fallback::Unsettled;
-use crate::lease::engine::Engine;
+use crate::lease::engine::{unleased, Engine};
 use crate::queue::Queue;
 use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
 use crate::store::call::{store_key, Call, Members};
 
 mod builder;
+mod handle;
 mod health;
 mod lifecycle;
 mod reload;
 
 pub use builder::LimiterBuilder;
+pub use handle::RuleHandle;
 pub use health::Readiness;
 
 /// Rules built in code that are compiled once and kept; beyond this many, each call compiles its rule.
@@ -79,7 +81,7 @@ struct Inner {
 /// use tokenlease::{Lease, Limiter, Rule};
 ///
 /// let rule = Rule::token_bucket("sku_buy", 2000, 1000, Duration::from_secs(1))?
-///     .with_lease(Lease { min_batch: 10, max_batch: 500, ttl: Duration::from_millis(200) })?;
+///     .with_lease(Lease { min_batch: 10, max_batch: 500, ttl: Duration::from_millis(200), hot_after: None })?;
 /// let limiter = Limiter::builder().rule(rule).build()?; // no store given: the in-process store
 /// let decision = limiter.check("sku_buy", "sku:42", 1).await?;
 /// assert!(decision.allowed);
@@ -104,29 +106,67 @@ impl Limiter {
     /// a zero cost; [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
     /// [`Limiter::shutdown`].
     pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        let engine = &self.inner.engine;
-        if engine.background.is_closed() {
+        if self.inner.engine.background.is_closed() {
             return Err(Error::ShutDown);
         }
         // The hot path borrows the rule and the key's local bucket: no reference count is touched, so threads
-        // deciding on one hot key share only the bucket's token count and the map shard's read lock.
+        // deciding on one hot key share only the map shard's read lock (the tokens are in per-core shards).
         let compiled = {
             let rules = self.inner.rules.load();
             let compiled = rules.get(rule).ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
-            self.validate(compiled, key, cost)?;
-            if compiled.rule.lease().is_some() {
-                if let Some(local) = compiled.leases.get(key) {
-                    let now = engine.clock.now_ns();
-                    if !local.has_expired(now) {
-                        if let Some(decision) = engine.decide_locally(compiled, local.value(), cost, now) {
-                            return Ok(compiled.record(decision));
-                        }
-                    }
-                }
+            if let Some(decision) = self.decide_locally(compiled, key, cost)? {
+                return Ok(decision);
             }
             compiled.clone()
         };
         self.decide(&compiled, key, cost).await
+    }
+
+    /// The hot path of a check: validates, then decides from the key's leased tokens when it has them.
+    #[inline]
+    fn decide_locally(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Option<Decision>, Error> {
+        self.validate(compiled, key, cost)?;
+        if !compiled.leased {
+            return Ok(None);
+        }
+        let engine = &self.inner.engine;
+        if let Some(local) = compiled.leases.get(key) {
+            let now = engine.recent.now_ns();
+            if !local.has_expired(now) {
+                if let Some(decision) = engine.decide_locally(compiled, local.value(), cost, now) {
+                    return Ok(Some(compiled.shadowed(decision)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A handle on `rule` that checks without looking the rule up by name: [`RuleHandle::check`] costs one
+    /// hash lookup (the key's). It follows reloads.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// use tokenlease::{Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::token_bucket("sku_buy", 2000, 1000, Duration::from_secs(1))?)
+    ///     .build()?;
+    /// let sku_buy = limiter.rule("sku_buy")?;
+    /// assert!(sku_buy.check("sku:42", 1).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::UnknownRule`].
+    pub fn rule(&self, rule: &str) -> Result<RuleHandle, Error> {
+        let compiled = self.inner.rules.load().get(rule).cloned();
+        let compiled = compiled.ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+        Ok(RuleHandle {
+            limiter: self.clone(),
+            compiled,
+        })
     }
 
     async fn decide(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Decision, Error> {
@@ -135,7 +175,12 @@ impl Limiter {
                 bucket,
                 lease: Some(lease),
                 ..
-            } => self.inner.engine.check(compiled, bucket, lease, key, cost).await,
+            } => match self.inner.engine.check(compiled, bucket, lease, key, cost).await {
+                // A hot key: decided (and counted) from its leased tokens.
+                Some(decision) => return Ok(decision),
+                // A cold one: one store call, as without a lease.
+                None => self.check_store(compiled, &unleased(bucket), key, cost).await,
+            },
             algorithm => self.check_store(compiled, algorithm, key, cost).await,
         };
         Ok(compiled.record(decision))
@@ -327,6 +372,9 @@ impl Limiter {
         }
         if cost == 0 {
             return Err(rule::invalid(("cost", "must be at least 1 token".into())));
+        }
+        if cost <= compiled.min_capacity {
+            return Ok(());
         }
         let capacity = compiled.rule.algorithm_for(key).capacity();
         if cost > capacity {

@@ -44,6 +44,11 @@ pub struct Lease {
     pub max_batch: u64,
     /// How long leased tokens may be spent; what is left then goes back to the shared bucket.
     pub ttl: Duration,
+    /// Decisions a key needs, counted over the recent TTLs (each TTL's count halved at the next), before it
+    /// leases: until then each of its decisions is one store call, as without a lease. `Some(1)` leases every
+    /// key from its first decision; `None` (the default) is a quarter of `min_batch`, at least 3: about an
+    /// eighth of a batch per TTL, steadily.
+    pub hot_after: Option<u64>,
 }
 
 /// A rule's algorithm and its limits.
@@ -437,7 +442,7 @@ impl Rule {
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] when the rule is not a token bucket, `min_batch` is 0,
-    /// `max_batch < min_batch`, `max_batch` exceeds the capacity, or `ttl` is zero.
+    /// `max_batch < min_batch`, `max_batch` exceeds the capacity, `ttl` is zero, or `hot_after` is `Some(0)`.
     pub fn with_lease(mut self, lease: Lease) -> Result<Self, crate::Error> {
         let Algorithm::TokenBucket {
             bucket,

@@ -143,6 +143,9 @@ pub(crate) fn validate_lease(lease: &Lease, capacity: u64) -> Result<(), FieldEr
     if lease.min_batch == 0 {
         return Err(("lease.min_batch", "must be at least 1 token".into()));
     }
+    if lease.hot_after == Some(0) {
+        return Err(("lease.hot_after", "must be at least 1 decision".into()));
+    }
     if lease.max_batch < lease.min_batch {
         return Err((
             "lease.max_batch",

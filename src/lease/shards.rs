@@ -1,0 +1,289 @@
+//! A hot key's leased tokens split into per-core [`Shards`], so that threads deciding on one key do not share
+//! one atomic.
+//!
+//! Each thread has a home shard (assigned round-robin on its first decision). A thread takes from its home shard
+//! with one compare-and-swap on a cache line no other thread writes while the shard has tokens; when it runs dry
+//! it steals half of another shard's tokens, and gathers from several when no shard holds the cost alone. Each
+//! shard also counts the decisions its threads made, so the hot path touches no shared counter: the sweeper
+//! sums them into the `metrics` handles (`lease/engine.rs`).
+//!
+//! Tokens only move between shards, never appear: every token taken was added, and the sum is what the lease
+//! book attributes to its batches (`lease/bucket.rs`).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use crossbeam_utils::CachePadded;
+
+/// One shard: its tokens and the decisions its threads made (monotonic counts).
+#[derive(Debug, Default)]
+struct Shard {
+    tokens: AtomicU64,
+    allowed: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// The tokens of one key, in per-core shards.
+#[derive(Debug)]
+pub(crate) struct Shards {
+    shards: Box<[CachePadded<Shard>]>,
+}
+
+/// Decisions counted by the shards of a key: allowed and refused, since the key's bucket was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) allowed: u64,
+    pub(crate) refused: u64,
+}
+
+impl Counts {
+    /// All decisions.
+    pub(crate) fn total(self) -> u64 {
+        self.allowed.saturating_add(self.refused)
+    }
+}
+
+/// How many shards a key has: the cores, rounded up to a power of two, at most 16 (a shard is a cache line
+/// pair, 128 bytes, per hot key).
+fn shard_count() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .next_power_of_two()
+            .min(16)
+    })
+}
+
+/// This thread's home shard index (before masking).
+#[inline]
+fn home() -> usize {
+    thread_local! {
+        static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    HOME.with(|h| {
+        let mut i = h.get();
+        if i == usize::MAX {
+            i = NEXT.fetch_add(1, Ordering::Relaxed);
+            h.set(i);
+        }
+        i
+    })
+}
+
+/// Takes up to `want` tokens from `shard`; returns how many.
+fn take_up_to(shard: &Shard, want: u64) -> u64 {
+    let mut current = shard.tokens.load(Ordering::Acquire);
+    loop {
+        let take = current.min(want);
+        if take == 0 {
+            return 0;
+        }
+        match shard
+            .tokens
+            .compare_exchange_weak(current, current - take, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return take,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+impl Default for Shards {
+    fn default() -> Self {
+        Self {
+            shards: (0..shard_count()).map(|_| CachePadded::new(Shard::default())).collect(),
+        }
+    }
+}
+
+impl Shards {
+    #[inline]
+    fn home(&self) -> (usize, &Shard) {
+        let i = home() & (self.shards.len() - 1);
+        (i, &self.shards[i])
+    }
+
+    /// Takes `cost` tokens: from this thread's shard, else by stealing or gathering from the others. Returns the
+    /// tokens left in this thread's shard (a lower bound of what the key has left), or `None`, taking nothing,
+    /// when all shards together hold fewer than `cost`.
+    #[inline]
+    pub(crate) fn take(&self, cost: u64) -> Option<u64> {
+        let (i, home) = self.home();
+        let mut current = home.tokens.load(Ordering::Acquire);
+        while current >= cost {
+            match home
+                .tokens
+                .compare_exchange_weak(current, current - cost, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(current - cost),
+                Err(actual) => current = actual,
+            }
+        }
+        self.steal(i, home, cost)
+    }
+
+    /// The home shard ran dry: take half of the first other shard that can pay `cost`, or gather `cost` from
+    /// several; what was gathered goes back home when even all of them cannot.
+    #[cold]
+    fn steal(&self, i: usize, home: &Shard, cost: u64) -> Option<u64> {
+        let n = self.shards.len();
+        for j in (1..n).map(|k| (i + k) & (n - 1)) {
+            let victim = &self.shards[j];
+            let mut current = victim.tokens.load(Ordering::Acquire);
+            while current >= cost {
+                // Half of what it has (at least the cost), so the next decisions here are local again.
+                let take = (current / 2).max(cost);
+                match victim
+                    .tokens
+                    .compare_exchange_weak(current, current - take, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => {
+                        let left = take - cost;
+                        return Some(home.tokens.fetch_add(left, Ordering::AcqRel) + left);
+                    }
+                    Err(actual) => current = actual,
+                }
+            }
+        }
+        // No shard holds the cost alone (only with a cost above 1): gather it.
+        let mut gathered = take_up_to(home, cost);
+        for j in (1..n).map(|k| (i + k) & (n - 1)) {
+            if gathered == cost {
+                break;
+            }
+            gathered += take_up_to(&self.shards[j], cost - gathered);
+        }
+        if gathered == cost {
+            return Some(home.tokens.load(Ordering::Acquire));
+        }
+        if gathered > 0 {
+            home.tokens.fetch_add(gathered, Ordering::AcqRel);
+        }
+        None
+    }
+
+    /// Adds `n` tokens, spread evenly over the shards (the remainder to this thread's).
+    pub(crate) fn add(&self, n: u64) {
+        let len = self.shards.len() as u64;
+        let (_, home) = self.home();
+        let each = n / len;
+        if each > 0 {
+            for shard in self.shards.iter() {
+                shard.tokens.fetch_add(each, Ordering::AcqRel);
+            }
+        }
+        home.tokens.fetch_add(n - each * len, Ordering::AcqRel);
+    }
+
+    /// Removes up to `n` tokens from wherever they are; returns how many were removed.
+    pub(crate) fn remove(&self, n: u64) -> u64 {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            if removed == n {
+                break;
+            }
+            removed += take_up_to(shard, n - removed);
+        }
+        removed
+    }
+
+    /// Removes every token; returns how many.
+    pub(crate) fn drain(&self) -> u64 {
+        self.shards.iter().map(|s| s.tokens.swap(0, Ordering::AcqRel)).sum()
+    }
+
+    /// Tokens in all shards now (a sum of loads: exact only while nobody takes or adds).
+    pub(crate) fn total(&self) -> u64 {
+        self.shards.iter().map(|s| s.tokens.load(Ordering::Acquire)).sum()
+    }
+
+    /// The number of shards.
+    pub(crate) fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Counts a decision in this thread's shard.
+    #[inline]
+    pub(crate) fn count(&self, allowed: bool) {
+        let (_, home) = self.home();
+        let counter = if allowed { &home.allowed } else { &home.refused };
+        // Only this thread's shard: no line shared with the other cores' deciders.
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The decisions counted so far.
+    pub(crate) fn counts(&self) -> Counts {
+        self.shards.iter().fold(Counts::default(), |c, s| Counts {
+            allowed: c.allowed + s.allowed.load(Ordering::Relaxed),
+            refused: c.refused + s.refused.load(Ordering::Relaxed),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn with_len(len: usize) -> Shards {
+        Shards {
+            shards: (0..len).map(|_| CachePadded::new(Shard::default())).collect(),
+        }
+    }
+
+    #[test]
+    fn a_thread_steals_and_gathers_but_never_makes_tokens() {
+        let s = with_len(4);
+        s.add(10); // 2 each, the remainder (2) at home
+        assert_eq!(s.total(), 10);
+        let (i, _) = s.home();
+        assert_eq!(s.shards[i].tokens.load(Ordering::Relaxed), 4);
+        assert_eq!(s.take(4), Some(0), "home pays");
+        assert_eq!(
+            s.take(1),
+            Some(0),
+            "another shard's half (1 of 2) comes home, and is taken"
+        );
+        assert_eq!(s.total(), 5);
+        assert_eq!(s.take(5), Some(0), "no shard holds 5: gathered from all");
+        assert_eq!(s.total(), 0);
+        s.add(3);
+        assert_eq!(s.take(4), None, "3 cannot pay 4");
+        assert_eq!(s.total(), 3, "what was gathered went back");
+        assert_eq!(s.remove(2), 2);
+        assert_eq!(s.drain(), 1);
+    }
+
+    #[test]
+    fn threads_spend_exactly_what_was_added() {
+        let s = Arc::new(with_len(4));
+        s.add(100_000);
+        let (taken, takes) = std::thread::scope(|scope| {
+            let handles: Vec<_> = (1..=4)
+                .map(|cost| {
+                    let s = s.clone();
+                    scope.spawn(move || {
+                        let (mut tokens, mut takes) = (0, 0);
+                        while s.take(cost).is_some() {
+                            tokens += cost;
+                            takes += 1;
+                            s.count(true);
+                        }
+                        (tokens, takes)
+                    })
+                })
+                .collect();
+            let joined = handles.into_iter().map(|h| h.join().unwrap_or_default());
+            joined.fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+        });
+        let mut left = 0;
+        while s.take(1).is_some() {
+            left += 1;
+        }
+        assert_eq!(taken + left, 100_000, "no token made or lost");
+        assert_eq!(s.counts().allowed, takes, "every decision counted once");
+    }
+}

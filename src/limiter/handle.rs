@@ -1,0 +1,44 @@
+//! A [`RuleHandle`]: a rule resolved once, for callers who check it often (the hot path then costs one hash
+//! lookup, the key's, and no load of the rules snapshot).
+
+use std::sync::Arc;
+
+use super::Limiter;
+use crate::compiled::Compiled;
+use crate::decision::Decision;
+use crate::error::Error;
+
+/// A configured rule of a [`Limiter`], from [`Limiter::rule`]. Cheap to clone.
+///
+/// After a reload that changes or removes the rule, the handle looks the rule up by name on each call (as
+/// [`Limiter::check`] does): it keeps working, at the cost of that lookup; take a new handle to drop it.
+#[derive(Debug, Clone)]
+pub struct RuleHandle {
+    pub(super) limiter: Limiter,
+    pub(super) compiled: Arc<Compiled>,
+}
+
+impl RuleHandle {
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.compiled.rule.name
+    }
+
+    /// [`Limiter::check`] on this rule: takes `cost` tokens of `key`.
+    ///
+    /// # Errors
+    /// As [`Limiter::check`]; [`Error::UnknownRule`] once a reload removed the rule.
+    pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        let limiter = &self.limiter;
+        if self.compiled.is_retired() {
+            return limiter.check(self.name(), key, cost).await;
+        }
+        if limiter.inner.engine.background.is_closed() {
+            return Err(Error::ShutDown);
+        }
+        if let Some(decision) = limiter.decide_locally(&self.compiled, key, cost)? {
+            return Ok(decision);
+        }
+        limiter.decide(&self.compiled, key, cost).await
+    }
+}
