@@ -60,6 +60,12 @@ fn three_processes_admit_at_most_the_bound_and_nearly_all_of_it() {
         "{report}"
     );
     assert!(by("by_lease") > by("attempts") / 2, "{report}");
+    // One hot key is a sale of one key, within its bound, leased.
+    assert_eq!(
+        (by("keys"), by("hot_keys"), by("over_bound_keys")),
+        (1, 1, 0),
+        "{report}"
+    );
     for field in [
         "span_s",
         "capacity",
@@ -68,6 +74,7 @@ fn three_processes_admit_at_most_the_bound_and_nearly_all_of_it() {
         "attempts",
         "rejected",
         "decisions_per_s",
+        "redis_calls_per_decision",
     ] {
         assert!(report[field].is_number(), "{field} missing: {report}");
     }
@@ -160,4 +167,96 @@ fn per_user_window_rules_run_too() {
     assert!(users <= 50 * 10 + fail_mode, "{report}");
     assert!(users > 0, "{report}");
     assert_eq!(report["capacity"], 10);
+}
+
+/// The decisions the limiter made (fail_mode answers left out), as `redis_calls_per_decision` divides by.
+fn made(report: &serde_json::Value) -> u64 {
+    let fail_mode: u64 = ["error", "timeout", "circuit_open"]
+        .iter()
+        .map(|r| report["fail_mode"][r].as_u64().expect("fail_mode counts"))
+        .sum();
+    report["attempts"].as_u64().expect("attempts") - fail_mode
+}
+
+#[test]
+fn zipf_skus_each_admit_at_most_their_own_bound() {
+    let server = common::RedisServer::start();
+    let url = server.url();
+    let report = run(&[
+        "--keys",
+        "1000",
+        "--zipf",
+        "1.1",
+        "--processes",
+        "2",
+        "--tasks",
+        "4",
+        "--duration",
+        "2s",
+        "--json",
+        "--redis",
+        &url,
+    ]);
+    let by = |k: &str| report[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {report}"));
+    assert_eq!(by("keys"), 1000, "{report}");
+    assert_eq!(by("over_bound_keys"), 0, "{report}");
+    assert!((1..=1000).contains(&by("hot_keys")), "{report}");
+    assert_eq!(
+        by("by_lease") + by("by_store") + by("fallback"),
+        by("attempts"),
+        "{report}"
+    );
+    // The SKUs are Redis keys of their own: the hottest is saturated, far from the total admitted.
+    let bound = report["bound"].as_f64().expect("bound");
+    let hottest = by("max_key_admitted");
+    assert!(hottest as f64 <= bound && hottest < by("admitted"), "{report}");
+    let per_decision = report["redis_calls_per_decision"].as_f64().expect("per decision");
+    let expected = by("redis_calls") as f64 / made(&report) as f64;
+    assert!((per_decision - expected).abs() < 1e-9, "{report}");
+    assert_eq!(report["zipf"], 1.1);
+}
+
+#[test]
+fn uniform_skus_are_each_leased_and_saturated() {
+    let server = common::RedisServer::start();
+    let url = server.url();
+    let report = run(&[
+        "--keys",
+        "20",
+        "--zipf",
+        "0",
+        "--processes",
+        "2",
+        "--tasks",
+        "4",
+        "--duration",
+        "2s",
+        "--json",
+        "--redis",
+        &url,
+    ]);
+    let by = |k: &str| report[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {report}"));
+    assert_eq!((by("keys"), by("over_bound_keys")), (20, 0), "{report}");
+    // Twenty SKUs share tens of thousands of decisions a second: every one is hot and leases.
+    assert_eq!(by("hot_keys"), 20, "{report}");
+    // Uniform: every SKU is saturated, so together they admit nearly 20 bounds (each one at most one).
+    let bound = report["bound"].as_f64().expect("bound");
+    let admitted = by("admitted") as f64;
+    assert!(admitted <= 20.0 * bound, "{report}");
+    assert!(admitted >= 0.8 * 20.0 * bound, "{report}");
+}
+
+#[test]
+fn zipf_needs_keys() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+        .args(["flash-sale", "--zipf", "1.1", "--redis", "memory"])
+        .output()
+        .expect("run tokenlease");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--keys"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+        .args(["flash-sale", "--keys", "0", "--redis", "memory"])
+        .output()
+        .expect("run tokenlease");
+    assert!(!out.status.success(), "--keys 0 is refused");
 }

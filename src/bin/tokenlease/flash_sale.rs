@@ -1,9 +1,12 @@
-//! `tokenlease flash-sale`: P worker processes × T tasks call `check` on one hot key as fast as they can.
+//! `tokenlease flash-sale`: P worker processes × T tasks call `check` on one hot key as fast as they can, or with
+//! `--keys N --zipf S` on N SKUs drawn Zipf-distributed.
 //!
 //! The coordinator picks a store (the configured Redis if it answers, else a private `redis-server` on a free
 //! loopback port, else the in-process store in one process), re-spawns itself as workers that start together,
-//! merges their counts and latency histograms, and checks invariant 1: admitted ≤ capacity + rate × (span + ttl).
+//! merges their counts and latency histograms, and checks invariant 1 on every key: admitted ≤ capacity + rate ×
+//! (span + ttl).
 
+mod keys;
 mod limits;
 mod private_redis;
 mod report;
@@ -37,6 +40,12 @@ pub struct Args {
     /// Cold per-user keys checked beside the hot key (0: none).
     #[arg(long, default_value_t = 0)]
     users: u32,
+    /// SKUs: each decision's key is drawn from this many (`sku:{run}:{i}`, at most 10^6) instead of one hot key.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(keys::MAX_KEYS)))]
+    keys: Option<u32>,
+    /// The Zipf exponent of the SKU draw (with --keys): 0 is uniform, 1.1 a few hot SKUs and a long cold tail.
+    #[arg(long, default_value_t = 0.0, requires = "keys")]
+    zipf: f64,
     /// The rule (default: the first token_bucket rule with a lease).
     #[arg(long)]
     rule: Option<String>,
@@ -112,6 +121,9 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     if args.processes == 0 || args.tasks == 0 {
         return Err("--processes and --tasks must be at least 1".into());
     }
+    if !(args.zipf.is_finite() && args.zipf >= 0.0) {
+        return Err(format!("--zipf {}: the exponent must be a number ≥ 0", args.zipf));
+    }
 
     // Pick the store.
     let mut private = None;
@@ -164,6 +176,9 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         redis: Some(url.clone().unwrap_or_else(|| "memory".into())),
         rule: rule.name.clone(),
         key: format!("flash:{run_id}"),
+        run_id,
+        keys: args.keys,
+        zipf: args.zipf,
         tasks: args.tasks,
         users: args.users,
         duration_ms: u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX),
@@ -215,12 +230,21 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     drop(private);
 
     let (total, hist) = report::merge(&reports)?;
+    let bound = limits.bound(total.span_s());
+    let keys = match args.keys {
+        Some(n) => {
+            let counts = reports.iter().filter_map(|r| r.keys.as_ref());
+            Some(keys::figures(n, counts, bound)?)
+        }
+        None => None,
+    };
     let run = summary::Run {
         args: &args,
         rule: &rule,
         limits: &limits,
         store_desc: &store_desc,
         processes,
+        keys: keys.as_ref(),
     };
     let within = summary::print(&run, &total, &hist);
     Ok(if within { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -27,7 +27,7 @@ enum Command {
         /// The file to check.
         path: Option<PathBuf>,
     },
-    /// Simulate a flash sale: P processes × T tasks hammering one hot key.
+    /// Simulate a flash sale: P processes × T tasks hammering one hot key (or N SKUs, Zipf-distributed).
     FlashSale(flash_sale::Args),
     /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, GET /metrics, GET /livez, GET /readyz.
     Serve(serve::Args),

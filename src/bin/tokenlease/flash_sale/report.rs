@@ -6,6 +6,8 @@ use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use super::keys::KeyCounts;
+
 /// What a worker reports.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(super) struct Report {
@@ -13,11 +15,11 @@ pub(super) struct Report {
     pub(super) admitted: u64,
     pub(super) rejected: u64,
     pub(super) errors: u64,
-    /// Hot-key decisions made from leased tokens in process (`source = local`).
+    /// Hot-key (or SKU) decisions made from leased tokens in process (`source = local`).
     pub(super) by_lease: u64,
-    /// Hot-key decisions made by a store call (`source = redis` or `memory`).
+    /// Hot-key (or SKU) decisions made by a store call (`source = redis` or `memory`).
     pub(super) by_store: u64,
-    /// Hot-key decisions made by the rule's fail_mode because the store failed.
+    /// Hot-key (or SKU) decisions made by the rule's fail_mode because the store failed.
     pub(super) fallback: u64,
     /// All decisions made by fail_mode, by why: a store error, a store call's timeout, the breaker open.
     pub(super) fail_mode_errors: u64,
@@ -31,9 +33,17 @@ pub(super) struct Report {
     pub(super) first_us: u64,
     pub(super) last_us: u64,
     pub(super) histogram: String,
+    /// With `--keys`: the process's admitted count per SKU and the SKUs that leased.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) keys: Option<KeyCounts>,
 }
 
 impl Report {
+    /// Seconds from the first task's start to the last one's end.
+    pub(super) fn span_s(&self) -> f64 {
+        self.last_us.saturating_sub(self.first_us.min(self.last_us)) as f64 / 1e6
+    }
+
     /// Adds the decision counts of `other` (a task's or a process's) to these.
     pub(super) fn add_decisions(&mut self, other: &Report) {
         self.attempts += other.attempts;

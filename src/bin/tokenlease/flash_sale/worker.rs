@@ -1,5 +1,6 @@
-//! A worker process (`tokenlease flash-sale-worker --spec <json>`): its tasks call `check` on the hot key, and cold
-//! user keys beside it, until the deadline; it prints its report as JSON on its last line.
+//! A worker process (`tokenlease flash-sale-worker --spec <json>`): its tasks call `check` on the hot key (or on
+//! SKUs drawn from `--keys`), and cold user keys beside it, until the deadline; it prints its report as JSON on its
+//! last line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,6 +11,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokenlease::{Algorithm, Limiter};
 
+use super::keys::{SkuDraw, Tally};
 use super::report::{encode_histogram, new_histogram, Report};
 use super::{epoch_us, load_config};
 
@@ -21,7 +23,14 @@ pub(super) struct Spec {
     pub(super) config: PathBuf,
     pub(super) redis: Option<String>,
     pub(super) rule: String,
+    /// The hot key, when `keys` is `None`.
     pub(super) key: String,
+    /// Names the SKUs `sku:{run_id}:{i}` and seeds their draws.
+    pub(super) run_id: u64,
+    /// With `--keys`: the number of SKUs each decision's key is drawn from.
+    pub(super) keys: Option<u32>,
+    /// The Zipf exponent of the draw (0: uniform).
+    pub(super) zipf: f64,
     pub(super) tasks: u32,
     pub(super) users: u32,
     pub(super) duration_ms: u64,
@@ -56,12 +65,25 @@ pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
     let wait_ms = spec.start_at_ms.saturating_sub(epoch_us() / 1000);
     tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    let tally = spec.keys.map(|n| Arc::new(Tally::new(n)));
+    let mut draws = Vec::new();
+    for t in 0..spec.tasks {
+        draws.push(match spec.keys {
+            Some(n) => {
+                // A seed per run, process and task.
+                let seed = spec.run_id ^ (u64::from(spec.index) << 32 | u64::from(t));
+                Some(SkuDraw::new(spec.run_id, n, spec.zipf, seed)?)
+            }
+            None => None,
+        });
+    }
     let deadline = Instant::now() + Duration::from_millis(spec.duration_ms);
     let spec = Arc::new(spec);
     let mut tasks = tokio::task::JoinSet::new();
-    for t in 0..spec.tasks {
+    for (t, draw) in (0..spec.tasks).zip(draws) {
         let (limiter, spec) = (limiter.clone(), spec.clone());
-        tasks.spawn(async move { run_task(&limiter, &spec, t, deadline).await });
+        let skus = draw.zip(tally.clone());
+        tasks.spawn(async move { run_task(&limiter, &spec, t, skus, deadline).await });
     }
     let mut report = Report {
         first_us: u64::MAX,
@@ -84,6 +106,7 @@ pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
     report.fail_mode_timeouts = stats.fail_mode_timeouts;
     report.fail_mode_circuit_open = stats.fail_mode_circuit_open;
     report.histogram = encode_histogram(&hist)?;
+    report.keys = tally.map(|t| t.counts());
     Ok(report)
 }
 
@@ -91,6 +114,7 @@ async fn run_task(
     limiter: &Limiter,
     spec: &Spec,
     task: u32,
+    mut skus: Option<(SkuDraw, Arc<Tally>)>,
     deadline: Instant,
 ) -> Result<(Report, Histogram<u64>), String> {
     let mut r = Report {
@@ -100,12 +124,21 @@ async fn run_task(
     let mut hist = new_histogram()?;
     let mut i: u64 = 0;
     loop {
+        i += 1;
+        let user_turn = spec.users > 0 && i.is_multiple_of(8);
+        // With `--keys`, the SKU is drawn before the clock starts: the latency is the decision's alone.
+        let (sku, key) = match &mut skus {
+            Some((draw, _)) if !user_turn => {
+                let (index, key) = draw.next();
+                (Some(index), key)
+            }
+            _ => (None, spec.key.as_str()),
+        };
         let started = Instant::now();
         if started >= deadline {
             break;
         }
-        i += 1;
-        if spec.users > 0 && i.is_multiple_of(8) {
+        if user_turn {
             let user = (i / 8 + u64::from(task) * 7919) % u64::from(spec.users);
             r.user_attempts += 1;
             if let Ok(d) = limiter.check(&spec.rule, &format!("user:{user}"), 1).await {
@@ -114,7 +147,7 @@ async fn run_task(
             continue;
         }
         r.attempts += 1;
-        match limiter.check(&spec.rule, &spec.key, 1).await {
+        match limiter.check(&spec.rule, key, 1).await {
             Ok(d) => {
                 r.admitted += u64::from(d.allowed);
                 r.rejected += u64::from(!d.allowed);
@@ -122,6 +155,9 @@ async fn run_task(
                     tokenlease::Source::Local => r.by_lease += 1,
                     tokenlease::Source::Fallback => r.fallback += 1,
                     _ => r.by_store += 1,
+                }
+                if let (Some(index), Some((_, tally))) = (sku, &skus) {
+                    tally.record(index, d.allowed, d.source == tokenlease::Source::Local);
                 }
             }
             Err(_) => r.errors += 1,
