@@ -113,7 +113,13 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
         total.redis_calls,
         total.redis_calls as f64 / total.admitted.max(1) as f64
     );
-    println!("  redis calls/decision  {calls_per_decision:.4} (of the decisions the limiter made)");
+    // A leased hot key makes millions of decisions per call: four decimals would print 0.
+    let per_decision = if calls_per_decision >= 0.01 || calls_per_decision == 0.0 {
+        format!("{calls_per_decision:.4}")
+    } else {
+        format!("{calls_per_decision:.2e}")
+    };
+    println!("  redis calls/decision  {per_decision} (of the decisions the limiter made)");
     println!("  decisions/s           {decisions_per_s:.0} (made by the limiter: fail_mode answers left out)");
     if total.fail_mode_circuit_open > 0 {
         println!(
