@@ -1,12 +1,12 @@
 //! Benchmarks: `cargo bench` (one criterion entry point; each scenario a function).
 //!
-//! - `local_lease_hit`: a decision answered from leased tokens (DashMap lookup + one compare-and-swap).
 //! - `redis_per_call`: the baseline, one EVALSHA round trip per decision (a private `redis-server`).
 //! - `lease_refill/batch=N`: decisions on a leased key over Redis where every N decisions need a new lease.
-//! - `local_lease_hit_contended`: two threads on one hot key.
+//!
+//! A decision answered from leased tokens, on one thread and on two, is in `benches/peers.rs`, beside governor.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenlease::{Lease, Limiter, RedisStore, Rule};
@@ -34,55 +34,6 @@ fn hot_rule(batch: u64) -> Rule {
             })
         })
         .expect("rule")
-}
-
-fn local_lease_hit(c: &mut Criterion) {
-    let rt = runtime();
-    let limiter = rt
-        .block_on(async { Limiter::builder().rule(hot_rule(100_000)).expected_processes(1).build() })
-        .expect("limiter");
-    let warm = rt
-        .block_on(async { limiter.check("hot", "sku:1", 1).await })
-        .expect("warm");
-    assert!(warm.allowed);
-    let mut g = c.benchmark_group("decision");
-    g.throughput(Throughput::Elements(1));
-    g.bench_function("local_lease_hit", |b| {
-        b.to_async(&rt)
-            .iter(|| async { limiter.check("hot", "sku:1", 1).await.expect("check") })
-    });
-    g.finish();
-}
-
-fn local_lease_hit_contended(c: &mut Criterion) {
-    let rt = runtime();
-    let limiter = rt
-        .block_on(async { Limiter::builder().rule(hot_rule(100_000)).expected_processes(1).build() })
-        .expect("limiter");
-    let mut g = c.benchmark_group("decision");
-    g.throughput(Throughput::Elements(2));
-    g.bench_function("local_lease_hit_2_threads", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let started = Instant::now();
-                let tasks: Vec<_> = (0..2)
-                    .map(|_| {
-                        let l = limiter.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..iters {
-                                let _ = l.check("hot", "sku:1", 1).await;
-                            }
-                        })
-                    })
-                    .collect();
-                for t in tasks {
-                    let _ = t.await;
-                }
-                started.elapsed()
-            })
-        })
-    });
-    g.finish();
 }
 
 fn redis_paths(c: &mut Criterion) {
@@ -123,5 +74,5 @@ fn redis_paths(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, local_lease_hit, local_lease_hit_contended, redis_paths);
+criterion_group!(benches, redis_paths);
 criterion_main!(benches);
