@@ -2,7 +2,7 @@
 //!
 //! Three ways to decide one hot key, each measured the same way:
 //!
-//! - `tokenlease`: a leased hot-key decision, `limiter.check("hot", "sku:1", 1)` on the in-process store. The
+//! - `tokenlease`: a leased hot-key decision, `limiter.rule("hot")?.check("sku:1", 1)` on the in-process store. The
 //!   rule's capacity, rate and lease batch are so large (a batch of 2^36 tokens for an hour) that every measured
 //!   decision is served from leased tokens; each sample checks that the store was not called meanwhile. The loop
 //!   runs inside one `block_on` of a current-thread tokio runtime, so no runtime work is paid per decision. No
@@ -46,6 +46,8 @@ trait Peer: Sync {
 struct Tokenlease {
     runtime: tokio::runtime::Runtime,
     limiter: Limiter,
+    /// The rule resolved once (`limiter.rule(RULE)`), as a caller deciding often keeps it.
+    rule: tokenlease::RuleHandle,
 }
 
 impl Tokenlease {
@@ -60,13 +62,15 @@ impl Tokenlease {
                     min_batch: 1 << 36,
                     max_batch: 1 << 36,
                     ttl: Duration::from_secs(3600),
+                    hot_after: Some(1),
                 })
             })
             .expect("rule");
         let limiter = runtime
             .block_on(async { Limiter::builder().rule(rule).expected_processes(1).build() })
             .expect("limiter");
-        let peer = Self { runtime, limiter };
+        let rule = limiter.rule(RULE).expect("a configured rule");
+        let peer = Self { runtime, limiter, rule };
         // The first decision leases a batch; the next must come from it.
         for _ in 0..2 {
             let d = peer
@@ -83,11 +87,10 @@ impl Tokenlease {
         peer
     }
 
-    /// THE measured call: the one place to switch to the pre-resolved handle (`limiter.rule(RULE)?`, kept in
-    /// the struct, then `handle.check(KEY, 1)`) once it exists.
+    /// The measured call, on the rule's handle.
     #[inline(always)]
     async fn decide(&self) -> bool {
-        matches!(self.limiter.check(RULE, KEY, 1).await, Ok(d) if d.allowed)
+        matches!(self.rule.check(KEY, 1).await, Ok(d) if d.allowed)
     }
 }
 

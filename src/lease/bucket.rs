@@ -73,6 +73,8 @@ pub(crate) struct LeasePlan {
 /// One key's leased tokens in this process.
 #[derive(Debug)]
 pub(crate) struct LocalBucket {
+    /// The caller's key.
+    key: Box<str>,
     /// The store key (`{prefix}:{rule:key}`), built once.
     pub store_key: String,
     /// The shared bucket's parameters for this key (the rule's, or a matching override's).
@@ -123,9 +125,17 @@ pub(crate) enum Take {
 impl LocalBucket {
     /// A key's empty bucket; `processes` is the configured `expected_processes` (the first guess of this
     /// process's share of a saturated bucket, `turns.rs`).
-    pub(crate) fn new(store_key: String, bucket: TokenBucket, lease: Lease, processes: u64, now_ns: u64) -> Self {
+    pub(crate) fn new(
+        key: &str,
+        store_key: String,
+        bucket: TokenBucket,
+        lease: Lease,
+        processes: u64,
+        now_ns: u64,
+    ) -> Self {
         let turns = Turns::new(seed(&store_key, now_ns), processes, &bucket);
         Self {
+            key: key.into(),
             store_key,
             bucket,
             lease,
@@ -157,6 +167,11 @@ impl LocalBucket {
         }
     }
 
+    /// The caller's key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
     /// Tokens that may be spent now (a sum over the shards).
     pub(crate) fn available(&self) -> u64 {
         self.tokens.total()
@@ -173,7 +188,6 @@ impl LocalBucket {
     #[inline]
     pub(crate) fn try_take(&self, cost: u64, now_ns: u64) -> Take {
         if let Some(remaining) = self.tokens.take(cost) {
-            self.tokens.count(true);
             return Take::Taken { remaining };
         }
         let until = self.exhausted_until_ns.load(Ordering::Acquire);
@@ -184,7 +198,7 @@ impl LocalBucket {
             } else {
                 Duration::from_nanos(until - now_ns)
             };
-            self.tokens.count(false);
+            self.tokens.refused();
             return Take::Exhausted { retry_after };
         }
         Take::Empty
@@ -495,7 +509,7 @@ mod tests {
             rate: 1,
             per_ms: 1000,
         };
-        LocalBucket::new("k".into(), bucket, lease(), 1, 0)
+        LocalBucket::new("k", "k".into(), bucket, lease(), 1, 0)
     }
 
     #[test]

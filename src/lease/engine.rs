@@ -131,6 +131,7 @@ impl Engine {
             .entry(key.to_owned())
             .or_insert_with(|| {
                 Arc::new(LocalBucket::new(
+                    key,
                     store_key,
                     *bucket,
                     *lease,

@@ -7,5 +7,6 @@
 pub(crate) mod bucket;
 pub(crate) mod engine;
 pub(crate) mod heat;
+pub(crate) mod nearby;
 pub(crate) mod shards;
 pub(crate) mod turns;

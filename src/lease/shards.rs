@@ -106,23 +106,27 @@ impl Shards {
         (i, &self.shards[i])
     }
 
-    /// Takes `cost` tokens: from this thread's shard, else by stealing or gathering from the others. Returns the
-    /// tokens left in this thread's shard (a lower bound of what the key has left), or `None`, taking nothing,
-    /// when all shards together hold fewer than `cost`.
+    /// Takes `cost` tokens: from this thread's shard, else by stealing or gathering from the others, and counts
+    /// the allowed decision. Returns the tokens left in this thread's shard (a lower bound of what the key has
+    /// left), or `None`, taking and counting nothing, when all shards together hold fewer than `cost`.
     #[inline]
     pub(crate) fn take(&self, cost: u64) -> Option<u64> {
         let (i, home) = self.home();
         let mut current = home.tokens.load(Ordering::Acquire);
-        while current >= cost {
+        let left = loop {
+            if current < cost {
+                break self.steal(i, home, cost)?;
+            }
             match home
                 .tokens
                 .compare_exchange_weak(current, current - cost, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Some(current - cost),
+                Ok(_) => break current - cost,
                 Err(actual) => current = actual,
             }
-        }
-        self.steal(i, home, cost)
+        };
+        home.allowed.fetch_add(1, Ordering::Relaxed);
+        Some(left)
     }
 
     /// The home shard ran dry: take half of the first other shard that can pay `cost`, or gather `cost` from
@@ -205,13 +209,11 @@ impl Shards {
         self.shards.len()
     }
 
-    /// Counts a decision in this thread's shard.
+    /// Counts a refused decision in this thread's shard (no line shared with the other cores' deciders).
     #[inline]
-    pub(crate) fn count(&self, allowed: bool) {
+    pub(crate) fn refused(&self) {
         let (_, home) = self.home();
-        let counter = if allowed { &home.allowed } else { &home.refused };
-        // Only this thread's shard: no line shared with the other cores' deciders.
-        counter.fetch_add(1, Ordering::Relaxed);
+        home.refused.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The decisions counted so far.
@@ -270,7 +272,6 @@ mod tests {
                         while s.take(cost).is_some() {
                             tokens += cost;
                             takes += 1;
-                            s.count(true);
                         }
                         (tokens, takes)
                     })
@@ -284,6 +285,6 @@ mod tests {
             left += 1;
         }
         assert_eq!(taken + left, 100_000, "no token made or lost");
-        assert_eq!(s.counts().allowed, takes, "every decision counted once");
+        assert_eq!(s.counts().allowed, takes + left, "every decision counted once");
     }
 }

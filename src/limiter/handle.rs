@@ -36,7 +36,8 @@ impl RuleHandle {
         if limiter.inner.engine.background.is_closed() {
             return Err(Error::ShutDown);
         }
-        if let Some(decision) = limiter.decide_locally(&self.compiled, key, cost)? {
+        limiter.validate(&self.compiled, key, cost)?;
+        if let Some(decision) = limiter.decide_locally(&self.compiled, key, cost) {
             return Ok(decision);
         }
         limiter.decide(&self.compiled, key, cost).await

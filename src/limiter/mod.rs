@@ -18,7 +18,9 @@ use crate::config::RedisConfig;
 use crate::decision::{Decision, Permit, Source};
 use crate::error::{Error, FailReason, StoreError};
 use crate::fallback::Unsettled;
+use crate::lease::bucket::LocalBucket;
 use crate::lease::engine::{unleased, Engine};
+use crate::lease::nearby;
 use crate::queue::Queue;
 use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
 use crate::store::call::{store_key, Call, Members};
@@ -114,7 +116,8 @@ impl Limiter {
         let compiled = {
             let rules = self.inner.rules.load();
             let compiled = rules.get(rule).ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
-            if let Some(decision) = self.decide_locally(compiled, key, cost)? {
+            self.validate(compiled, key, cost)?;
+            if let Some(decision) = self.decide_locally(compiled, key, cost) {
                 return Ok(decision);
             }
             compiled.clone()
@@ -122,23 +125,33 @@ impl Limiter {
         self.decide(&compiled, key, cost).await
     }
 
-    /// The hot path of a check: validates, then decides from the key's leased tokens when it has them.
+    /// The hot path of a check (validated): decides from the key's leased tokens when it has them.
     #[inline]
-    fn decide_locally(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Option<Decision>, Error> {
-        self.validate(compiled, key, cost)?;
+    fn decide_locally(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Option<Decision> {
         if !compiled.leased {
-            return Ok(None);
+            return None;
         }
         let engine = &self.inner.engine;
-        if let Some(local) = compiled.leases.get(key) {
-            let now = engine.recent.now_ns();
-            if !local.has_expired(now) {
-                if let Some(decision) = engine.decide_locally(compiled, local.value(), cost, now) {
-                    return Ok(Some(compiled.shadowed(decision)));
-                }
+        let now = engine.recent.now_ns();
+        let decide = |local: &Arc<LocalBucket>| {
+            if local.has_expired(now) {
+                return None;
             }
-        }
-        Ok(None)
+            engine.decide_locally(compiled, local, cost, now)
+        };
+        // This thread's cache first: the map's shard lock is a line every deciding thread writes.
+        let rule = Arc::as_ptr(compiled) as usize;
+        let decision = match nearby::with(rule, key, decide) {
+            Some(decision) => decision,
+            None => match compiled.leases.get(key) {
+                Some(local) => {
+                    nearby::put(rule, local.value());
+                    decide(local.value())
+                }
+                None => None,
+            },
+        };
+        decision.map(|d| compiled.shadowed(d))
     }
 
     /// A handle on `rule` that checks without looking the rule up by name: [`RuleHandle::check`] costs one
@@ -360,8 +373,23 @@ impl Limiter {
         self.inner.queue.acquire(&compiled, key, cost, max).await
     }
 
-    /// Checks a call's key and cost against the process settings and the rule.
+    /// Checks a call's key and cost against the process settings and the rule: three comparisons when nothing
+    /// is wrong.
+    #[inline(always)]
     fn validate(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<(), Error> {
+        let fine = !key.is_empty()
+            && key.len() <= self.inner.engine.process.max_key_bytes
+            && (1..=compiled.min_capacity).contains(&cost);
+        if fine {
+            return Ok(());
+        }
+        self.invalid(compiled, key, cost)
+    }
+
+    /// What is wrong with a call's key or cost, if anything (the per-key capacity of an override included).
+    #[cold]
+    #[inline(never)]
+    fn invalid(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<(), Error> {
         if key.is_empty() {
             return Err(rule::invalid(("key", "must not be empty".into())));
         }

@@ -1,0 +1,114 @@
+//! A per-thread cache of hot keys' local buckets, in front of the rule's map of them.
+//!
+//! Looking a key up in the `DashMap` takes its shard's read lock: an atomic add and sub on a cache line that
+//! every thread deciding keys of that shard writes, so two threads on one hot key would bounce it on every
+//! decision even though their tokens sit in per-core shards. The cache answers most lookups from the thread's
+//! own memory: a small direct-mapped table of (rule, key) → bucket, checked against the bucket's key and its
+//! `retired` flag (an evicted, cooled or reloaded bucket is retired for good, so a stale entry is never used).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use super::bucket::LocalBucket;
+
+/// Entries per thread (a power of two).
+const SLOTS: usize = 64;
+
+/// One cached bucket and the rule it belongs to (its compiled rule's address).
+struct Slot {
+    rule: usize,
+    bucket: Arc<LocalBucket>,
+}
+
+/// The slot of a key: its length and last two bytes, mixed with the rule (a full hash of the key would cost more
+/// than the rest of a decision; keys such as `sku:1042` differ at the end, and a collision only costs a lookup
+/// in the map).
+#[inline(always)]
+fn slot_of(rule: usize, key: &str) -> usize {
+    let bytes = key.as_bytes();
+    let at = |back: usize| {
+        bytes
+            .len()
+            .checked_sub(back)
+            .and_then(|i| bytes.get(i))
+            .map_or(0, |&b| b as usize)
+    };
+    let mixed = (bytes.len() ^ (at(1) << 8) ^ (at(2) << 16) ^ (rule >> 4)).wrapping_mul(0x9E37_79B9);
+    (mixed >> 16) & (SLOTS - 1)
+}
+
+/// Whether two keys are equal: short keys by two overlapping word loads each, without a call to `memcmp`
+/// (which costs as much as the rest of the lookup).
+#[inline(always)]
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| {
+        s.get(at..at + 8)
+            .and_then(|w| w.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let half = |s: &[u8], at: usize| {
+        s.get(at..at + 4)
+            .and_then(|w| w.try_into().ok())
+            .map(u32::from_le_bytes)
+    };
+    match n {
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        _ => a == b,
+    }
+}
+
+thread_local! {
+    static SLOTS_OF_THREAD: RefCell<[Option<Slot>; SLOTS]> = const { RefCell::new([const { None }; SLOTS]) };
+}
+
+/// Runs `f` on the bucket of `key` of the rule at address `rule`, if this thread cached it and it is live;
+/// `None` otherwise. The bucket is borrowed, not cloned: a clone would write its shared count.
+#[inline(always)]
+pub(crate) fn with<R>(rule: usize, key: &str, f: impl FnOnce(&Arc<LocalBucket>) -> R) -> Option<R> {
+    SLOTS_OF_THREAD.with(|slots| {
+        let slots = slots.borrow();
+        let slot = slots.get(slot_of(rule, key))?.as_ref()?;
+        let live = slot.rule == rule && same(slot.bucket.key(), key) && !slot.bucket.is_retired();
+        live.then(|| f(&slot.bucket))
+    })
+}
+
+/// Caches `bucket` as the bucket of its key under the rule at address `rule`.
+pub(crate) fn put(rule: usize, bucket: &Arc<LocalBucket>) {
+    SLOTS_OF_THREAD.with(|slots| {
+        let mut slots = slots.borrow_mut();
+        if let Some(slot) = slots.get_mut(slot_of(rule, bucket.key())) {
+            *slot = Some(Slot {
+                rule,
+                bucket: bucket.clone(),
+            });
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same;
+
+    #[test]
+    fn keys_compare_whole() {
+        for (a, b) in [
+            ("sku:1", "sku:2"),
+            ("sku:1042", "sku:1043"),
+            ("a", "b"),
+            ("user:12345678", "user:12345679"),
+        ] {
+            assert!(same(a, a) && !same(a, b), "{a} {b}");
+        }
+        assert!(!same("sku:1", "sku:10"));
+        let long = "tenant:42:user:1234567890:action";
+        let copy: String = long.chars().collect();
+        assert!(same(long, &copy) && !same(long, "tenant:42:user:1234567891:action"));
+    }
+}
