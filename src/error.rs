@@ -32,9 +32,10 @@ pub enum Error {
     /// The store failed and the rule's `fail_mode` is not one that answers anyway.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The configuration is invalid.
+    /// The configuration is invalid (boxed: a [`ConfigError`] is large, and an `Error` is in every decision's
+    /// `Result`).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] Box<ConfigError>),
     /// The limiter was shut down.
     #[error("the limiter is shut down")]
     ShutDown,
@@ -242,6 +243,13 @@ fn quoted(line: &Option<String>) -> String {
 
 fn at_line(line: Option<usize>) -> String {
     line.map(|l| format!(":{l}")).unwrap_or_default()
+}
+
+impl From<ConfigError> for Error {
+    /// Boxed: a config error is large and rare, and [`Error`] is in every decision's `Result`.
+    fn from(error: ConfigError) -> Self {
+        Error::Config(Box::new(error))
+    }
 }
 
 #[cfg(test)]
