@@ -42,6 +42,36 @@ pub(crate) struct Engine {
     pub(crate) returned_tokens: AtomicU64,
 }
 
+/// A decision made from leased tokens, in plain integers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answer {
+    allowed: bool,
+    remaining: u64,
+    /// ns; `u64::MAX`: never.
+    retry_ns: u64,
+    reset_ns: u64,
+}
+
+impl Answer {
+    /// The decision (`source = local`).
+    #[inline(always)]
+    pub(crate) fn decision(self) -> Decision {
+        let retry_after = if self.retry_ns == u64::MAX {
+            Duration::MAX
+        } else {
+            Duration::from_nanos(self.retry_ns)
+        };
+        Decision {
+            allowed: self.allowed,
+            remaining: self.remaining,
+            retry_after,
+            reset_after: Duration::from_nanos(self.reset_ns),
+            source: Source::Local,
+            shadowed: false,
+        }
+    }
+}
+
 /// A caller refused briefly, locally: the lease it waited for is slow, or its bucket went away under it.
 fn refused_briefly(local: &LocalBucket, now: u64) -> Decision {
     let mut refused = Decision::bare(false, SLOW_LEASE_RETRY, Source::Local);
@@ -80,28 +110,37 @@ impl Engine {
         cost: u64,
         now: u64,
     ) -> Option<Decision> {
-        let reset_after = Duration::from_nanos(local.reset_after_ns(now));
+        self.answer_locally(compiled, local, cost, now).map(Answer::decision)
+    }
+
+    /// [`Engine::decide_locally`] in plain integers (what the hot path moves between its layers; a `Decision` is
+    /// built once, at the end).
+    #[inline(always)]
+    pub(crate) fn answer_locally(
+        self: &Arc<Self>,
+        compiled: &Arc<Compiled>,
+        local: &Arc<LocalBucket>,
+        cost: u64,
+        now: u64,
+    ) -> Option<Answer> {
+        let reset_ns = local.reset_after_ns(now);
         match local.try_take(cost, now) {
             Take::Taken { remaining } => {
                 if local.below_watermark(remaining, now) {
                     self.start_lease(compiled, local, 1);
                 }
-                Some(Decision {
+                Some(Answer {
                     allowed: true,
                     remaining,
-                    retry_after: Duration::ZERO,
-                    reset_after,
-                    source: Source::Local,
-                    shadowed: false,
+                    retry_ns: 0,
+                    reset_ns,
                 })
             }
-            Take::Exhausted { retry_after } => Some(Decision {
+            Take::Exhausted { retry_after } => Some(Answer {
                 allowed: false,
                 remaining: 0,
-                retry_after,
-                reset_after,
-                source: Source::Local,
-                shadowed: false,
+                retry_ns: nanos(retry_after),
+                reset_ns,
             }),
             Take::Empty => None,
         }

@@ -137,7 +137,7 @@ impl Limiter {
             if local.has_expired(now) {
                 return None;
             }
-            engine.decide_locally(compiled, local, cost, now)
+            engine.answer_locally(compiled, local, cost, now)
         };
         // This thread's cache first: the map's shard lock is a line every deciding thread writes.
         let rule = Arc::as_ptr(compiled) as usize;
@@ -151,7 +151,7 @@ impl Limiter {
                 None => None,
             },
         };
-        decision.map(|d| compiled.shadowed(d))
+        decision.map(|a| compiled.shadowed(a.decision()))
     }
 
     /// A handle on `rule` that checks without looking the rule up by name: [`RuleHandle::check`] costs one
