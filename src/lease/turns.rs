@@ -4,10 +4,11 @@
 //! have accumulated, N processes would make N calls per batch and N − 1 of them would be refused. Instead each
 //! process estimates its share of the refill from what the shared bucket tells it (what was left after its
 //! last call, what is there now, and the refill in between: the rest went to the others) and asks again when
-//! *its share* of the refill has made up part of a batch (its turn), with ±5 % jitter so that processes drift
-//! apart rather than collide. With N equal processes each asks every N turns' worth of refill, so the store sees
-//! about one call per turn whatever N is; a process alone asks every turn. The bound does not depend on this:
-//! it only decides when to ask.
+//! *its share* of the refill has made up part of a batch (its turn). The first turn comes at a random point of
+//! the period and the others with ±5 % jitter, so that processes that saturated the bucket together spread out
+//! rather than take their turns in a bunch. With N equal processes each asks every N turns' worth of refill, so
+//! the store sees about one call per turn whatever N is; a process alone asks every turn. The bound does not
+//! depend on this: it only decides when to ask.
 
 use crate::algorithm::TokenBucket;
 
@@ -32,6 +33,8 @@ pub(crate) struct Turns {
     refill: f64,
     /// A xorshift state for the jitter.
     jitter: u64,
+    /// No turn was waited for yet.
+    first: bool,
 }
 
 impl Turns {
@@ -46,6 +49,7 @@ impl Turns {
             mine: prior / processes.max(1) as f64,
             refill: prior,
             jitter: seed | 1,
+            first: true,
         }
     }
 
@@ -94,19 +98,31 @@ impl Turns {
         let missing = (batch as f64 * 0.6 - remaining as f64).max(0.0);
         // Alone the bucket fills in `until_full`; with others taking their turns, in that over the share.
         let until_full = bucket.capacity.saturating_sub(remaining) as f64 * ns_per_token / share;
-        let wait = (missing * ns_per_token / share * self.jitter()).min(until_full * 0.9);
+        // The first turn comes at a random point of the period: processes that saturate the bucket together would
+        // otherwise keep taking their turns together, leaving long gaps between the bunches (and, when a sale ends
+        // in one, its refill in Redis).
+        let phase = if std::mem::take(&mut self.first) {
+            0.3 + 0.7 * self.uniform()
+        } else {
+            self.jitter()
+        };
+        let wait = (missing * ns_per_token / share * phase).min(until_full * 0.9);
         wait.max(0.0) as u64
     }
 
     /// A factor from 0.95 to 1.05.
     fn jitter(&mut self) -> f64 {
-        // xorshift64: enough to spread processes apart.
+        0.95 + 0.1 * self.uniform()
+    }
+
+    /// A number from 0 to 1 (xorshift64: enough to spread processes apart).
+    fn uniform(&mut self) -> f64 {
         let mut x = self.jitter;
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         self.jitter = x;
-        0.95 + 0.1 * (x >> 11) as f64 / (1u64 << 53) as f64
+        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -139,7 +155,9 @@ mod tests {
             t.observe(&bucket(), 500, 0, (1000 + 500 * i) * MS);
         }
         assert!(t.share() > 0.95, "{}", t.share());
-        // Its turn: three fifths of a 500-token batch, all its own, in 300 ms.
+        // Its turn: three fifths of a 500-token batch, all its own, in 300 ms; the first at a random point of it.
+        let first = t.wait_ns(&bucket(), 500, 0);
+        assert!((90 * MS..=300 * MS).contains(&first), "{first}");
         let wait = t.wait_ns(&bucket(), 500, 0);
         assert!((285 * MS..=315 * MS).contains(&wait), "{wait}");
     }
@@ -153,7 +171,9 @@ mod tests {
             t.observe(&bucket(), 500, 0, (1000 + 2000 * i) * MS);
         }
         assert!((t.share() - 0.25).abs() < 0.01, "{}", t.share());
-        // A quarter of the refill makes 300 tokens in 1.2 s.
+        // A quarter of the refill makes 300 tokens in 1.2 s (after a first turn anywhere from 0.36 s to 1.2 s).
+        let first = t.wait_ns(&bucket(), 500, 0);
+        assert!((350 * MS..=1200 * MS).contains(&first), "{first}");
         let wait = t.wait_ns(&bucket(), 500, 0);
         assert!((1100 * MS..=1260 * MS).contains(&wait), "{wait}");
         // Never so late that the bucket could fill up: 2000 tokens take 2 s alone, 8 s shared by four.
