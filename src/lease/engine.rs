@@ -101,20 +101,9 @@ pub(crate) fn unleased(bucket: &TokenBucket) -> Algorithm {
 
 impl Engine {
     /// The hot path: decides from the key's leased tokens or its cached refusal; `None` when a lease (or the
-    /// fail mode) must. The caller has checked that the key's bucket holds no expired tokens.
-    #[inline]
-    pub(crate) fn decide_locally(
-        self: &Arc<Self>,
-        compiled: &Arc<Compiled>,
-        local: &Arc<LocalBucket>,
-        cost: u64,
-        now: u64,
-    ) -> Option<Decision> {
-        self.answer_locally(compiled, local, cost, now).map(Answer::decision)
-    }
-
-    /// [`Engine::decide_locally`] in plain integers (what the hot path moves between its layers; a `Decision` is
-    /// built once, at the end).
+    /// fail mode) must. The caller has checked that the key's bucket holds no expired tokens. The answer is in
+    /// plain integers (what the hot path moves between its layers; [`Answer::decision`] builds the `Decision`
+    /// once, at the end).
     #[inline(always)]
     pub(crate) fn answer_locally(
         self: &Arc<Self>,
@@ -185,25 +174,9 @@ impl Engine {
     /// Decides `cost` tokens of a leased rule's hot `key`: from the local bucket, or after the key's lease in
     /// flight (started here when none is), or by the fail mode when the lease fails. A caller waits at most the
     /// lease wait; when leases keep arriving but other callers spend them first, it is refused briefly, locally.
-    /// The decision is counted (and shadowed) here. `None` when the key is not hot: decide it by one store call.
+    /// Returns the decision and whether the key's shards counted it already (else the caller records it);
+    /// `None` when the key is not hot: decide it by one store call.
     pub(crate) async fn check(
-        self: &Arc<Self>,
-        compiled: &Arc<Compiled>,
-        bucket: &TokenBucket,
-        lease: &Lease,
-        key: &str,
-        cost: u64,
-    ) -> Option<Decision> {
-        let (decision, counted) = self.check_hot(compiled, bucket, lease, key, cost).await?;
-        Some(if counted {
-            compiled.shadowed(decision)
-        } else {
-            compiled.record(decision)
-        })
-    }
-
-    /// [`Engine::check`], saying whether the key's shards counted the decision.
-    async fn check_hot(
         self: &Arc<Self>,
         compiled: &Arc<Compiled>,
         bucket: &TokenBucket,
@@ -230,7 +203,7 @@ impl Engine {
             if local.has_expired(now) {
                 self.expire(compiled, &local, now);
             }
-            if let Some(decision) = self.decide_locally(compiled, &local, cost, now) {
+            if let Some(decision) = self.answer_locally(compiled, &local, cost, now).map(Answer::decision) {
                 return Some((decision, true));
             }
             if local.is_failing(now) {

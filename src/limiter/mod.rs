@@ -189,8 +189,9 @@ impl Limiter {
                 lease: Some(lease),
                 ..
             } => match self.inner.engine.check(compiled, bucket, lease, key, cost).await {
-                // A hot key: decided (and counted) from its leased tokens.
-                Some(decision) => return Ok(decision),
+                // A hot key: decided from its leased tokens (and counted by its shards), or by the fail mode.
+                Some((decision, true)) => return Ok(compiled.shadowed(decision)),
+                Some((decision, false)) => decision,
                 // A cold one: one store call, as without a lease.
                 None => self.check_store(compiled, &unleased(bucket), key, cost).await,
             },
