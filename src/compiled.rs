@@ -157,15 +157,12 @@ impl Compiled {
     /// Counts a decision and applies shadow mode: a shadow rule's refusal is counted as `shadow_rejected` and
     /// returned as an allowance.
     #[inline]
-    pub(crate) fn record(&self, mut decision: Decision) -> Decision {
+    pub(crate) fn record(&self, decision: Decision) -> Decision {
         if self.rule.shadow && !decision.allowed {
             self.metrics.shadow_rejected(decision.source);
-            decision.allowed = true;
-            decision.shadowed = true;
-            decision.retry_after = Duration::ZERO;
         } else {
             self.metrics.decision(decision.allowed, decision.source);
         }
-        decision
+        self.shadowed(decision)
     }
 }

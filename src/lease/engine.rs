@@ -372,7 +372,7 @@ impl Engine {
         let idle_ns = nanos(self.process.idle_ttl);
         let mut keys = 0;
         for compiled in rules {
-            if compiled.rule.lease().is_none() && compiled.leases.is_empty() {
+            if !compiled.leased {
                 continue;
             }
             let mut outstanding = 0;
