@@ -116,8 +116,8 @@ pub(crate) struct LocalBucket {
 pub(crate) enum Take {
     /// Taken; tokens left in this process.
     Taken { remaining: u64 },
-    /// The shared bucket is empty for `retry_after` from now ([`Duration::MAX`]: never).
-    Exhausted { retry_after: Duration },
+    /// The shared bucket is empty for `retry_ns` from now (`u64::MAX`: never).
+    Exhausted { retry_ns: u64 },
     /// Too few tokens here: a lease is needed.
     Empty,
 }
@@ -193,13 +193,9 @@ impl LocalBucket {
         let until = self.exhausted_until_ns.load(Ordering::Acquire);
         if now_ns < until {
             let never = self.exhausted_never.load(Ordering::Relaxed);
-            let retry_after = if never {
-                Duration::MAX
-            } else {
-                Duration::from_nanos(until - now_ns)
-            };
+            let retry_ns = if never { u64::MAX } else { until - now_ns };
             self.tokens.refused();
-            return Take::Exhausted { retry_after };
+            return Take::Exhausted { retry_ns };
         }
         Take::Empty
     }
@@ -552,8 +548,7 @@ mod tests {
     fn a_refusal_is_cached_until_retry_after() {
         let b = local_bucket();
         b.refused(Duration::from_nanos(50), Duration::ZERO, Duration::ZERO, 100);
-        let retry_after = Duration::from_nanos(30);
-        assert_eq!(b.try_take(1, 120), Take::Exhausted { retry_after });
+        assert_eq!(b.try_take(1, 120), Take::Exhausted { retry_ns: 30 });
         assert_eq!(b.try_take(1, 150), Take::Empty);
     }
 }

@@ -125,10 +125,10 @@ impl Engine {
                     reset_ns,
                 })
             }
-            Take::Exhausted { retry_after } => Some(Answer {
+            Take::Exhausted { retry_ns } => Some(Answer {
                 allowed: false,
                 remaining: 0,
-                retry_ns: nanos(retry_after),
+                retry_ns,
                 reset_ns,
             }),
             Take::Empty => None,
