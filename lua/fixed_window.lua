@@ -7,7 +7,7 @@
 -- KEYS[2]  the ban (a string: ms until which the key is banned)
 -- ARGV[1]  window_ms  integer ≥ 1
 -- ARGV[2]  limit      tokens per window, integer ≥ 1
--- ARGV[3]  cost       tokens asked, integer ≥ 1
+-- ARGV[3]  cost       tokens asked, integer ≥ 0 (0: a peek, which answers as for 1 and changes nothing)
 -- ARGV[4]  ban_ms     after a refusal, refuse the key this long (0 = no ban)
 -- ARGV[5]  align_ms   -1: rolling, the first hit opens the window; ≥ 0: calendar windows start where
 --                     (now_ms + align_ms) is a multiple of window_ms (local midnight in UTC+08:00: 86400000, 28800000)
@@ -33,7 +33,7 @@ local cost = tonumber(ARGV[3])
 local ban_ms = tonumber(ARGV[4])
 local align = tonumber(ARGV[5])
 local now_arg = 6
-if not (window and limit and cost and ban_ms and align) or window < 1 or limit < 1 or cost < 1 or ban_ms < 0 or align < -1 then
+if not (window and limit and cost and ban_ms and align) or window < 1 or limit < 1 or cost < 0 or ban_ms < 0 or align < -1 then
   return redis.error_reply('ERR fixed_window: bad arguments (window_ms, limit, cost, ban_ms, align_ms)')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
@@ -61,7 +61,14 @@ if banned_until > now then
   return { 0, left, banned_until - now, reset_after }
 end
 
+-- Cost 0 is a peek: the window as it is and what a call of one token would get; nothing counted or banned.
+local peek = cost == 0
+if peek then cost = 1 end
 if count + cost <= limit then
+  if peek then
+    if count > 0 then return { 0, limit - count, 0, ends_in } end
+    return { 0, limit, 0, 0 }
+  end
   count = count + cost
   redis.call('HSET', KEYS[1], 'start', int(start), 'count', int(count))
   redis.call('PEXPIRE', KEYS[1], int(ends_in))
@@ -72,7 +79,7 @@ local retry_after = ends_in
 if cost > limit then retry_after = -1 end
 local reset_after = 0
 if count > 0 then reset_after = ends_in end
-if ban_ms > 0 then
+if ban_ms > 0 and not peek then
   redis.call('SET', KEYS[2], int(now + ban_ms), 'PX', int(ban_ms))
   retry_after = ban_ms
   if reset_after < ban_ms then reset_after = ban_ms end

@@ -7,7 +7,7 @@
 --          of the last reservation, so that leaky_return.lua can hand it back)
 -- ARGV[1]  rate         tokens per per_ms, integer ≥ 1
 -- ARGV[2]  per_ms       integer ≥ 1
--- ARGV[3]  cost         tokens, integer ≥ 1
+-- ARGV[3]  cost         tokens, integer ≥ 0 (0: a peek at the queue, which reserves nothing)
 -- ARGV[4]  max_wait_ms  the longest a caller may wait for its slot (0: only a free slot now)
 -- ARGV[5]  member       a unique id of this reservation
 -- ARGV[6]  now_ms       optional; when absent the Redis server's TIME is used
@@ -33,7 +33,7 @@ local cost = tonumber(ARGV[3])
 local max_wait = tonumber(ARGV[4])
 local member = ARGV[5]
 local now_arg = 6
-if not (rate and per and cost and max_wait and member) or rate < 1 or per < 1 or cost < 1 or max_wait < 0 then
+if not (rate and per and cost and max_wait and member) or rate < 1 or per < 1 or cost < 0 or max_wait < 0 then
   return redis.error_reply('ERR leaky_bucket: bad arguments (rate, per_ms, cost, max_wait_ms)')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
@@ -57,6 +57,9 @@ if wait > limit then
   return { 0, 0, cdiv(wait - limit, rate), cdiv(wait, rate) }
 end
 
+if cost == 0 then -- a peek: the queue as it is, nothing reserved
+  return { 0, idiv(limit - wait, per) + 1, 0, cdiv(wait, rate) }
+end
 local tat = wait + step                      -- the new TAT, relative to now
 local new_ms = now + idiv(tat, rate)
 local new_frac = tat - idiv(tat, rate) * rate

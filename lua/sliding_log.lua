@@ -7,7 +7,7 @@
 -- KEYS[2]  the ban (a string: ms until which the key is banned)
 -- ARGV[1]  window_ms  integer ≥ 1
 -- ARGV[2]  limit      tokens per window, integer ≥ 1
--- ARGV[3]  cost       tokens asked, integer ≥ 1
+-- ARGV[3]  cost       tokens asked, integer ≥ 0 (0: a peek, which answers as for 1 and changes nothing)
 -- ARGV[4]  member     a unique id for this call (a token i > 1 of one call is stored as member..':'..i)
 -- ARGV[5]  ban_ms     after a refusal, refuse the key this long (0 = no ban)
 -- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used
@@ -33,7 +33,7 @@ local cost = tonumber(ARGV[3])
 local member = ARGV[4]
 local ban_ms = tonumber(ARGV[5])
 local now_arg = 6
-if not (window and limit and cost and member and ban_ms) or window < 1 or limit < 1 or cost < 1 or ban_ms < 0 then
+if not (window and limit and cost and member and ban_ms) or window < 1 or limit < 1 or cost < 0 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_log: bad arguments (window_ms, limit, cost, member, ban_ms)')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
@@ -57,7 +57,11 @@ if banned_until > now then
   return { 0, left, banned_until - now, math.max(reset_after, banned_until - now) }
 end
 
+-- Cost 0 is a peek: the log as it is and what a call of one token would get; nothing added or banned.
+local peek = cost == 0
+if peek then cost = 1 end
 if count + cost <= limit then
+  if peek then return { 0, limit - count, 0, reset_after } end
   for i = 1, cost do
     local m = member
     if i > 1 then m = member .. ':' .. i end
@@ -74,7 +78,7 @@ if cost <= limit then
   local oldest = redis.call('ZRANGE', KEYS[1], k - 1, k - 1, 'WITHSCORES')
   retry_after = tonumber(oldest[2]) + window - now
 end
-if ban_ms > 0 then
+if ban_ms > 0 and not peek then
   redis.call('SET', KEYS[2], int(now + ban_ms), 'PX', int(ban_ms))
   retry_after = ban_ms
   if reset_after < ban_ms then reset_after = ban_ms end

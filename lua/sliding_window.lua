@@ -8,7 +8,7 @@
 -- ARGV[1]  window_ms    integer ≥ 1, a multiple of sub_buckets
 -- ARGV[2]  sub_buckets  integer ≥ 1
 -- ARGV[3]  limit        tokens per window, integer ≥ 1
--- ARGV[4]  cost         tokens asked, integer ≥ 1
+-- ARGV[4]  cost         tokens asked, integer ≥ 0 (0: a peek, which answers as for 1 and changes nothing)
 -- ARGV[5]  ban_ms       after a refusal, refuse the key this long (0 = no ban)
 -- ARGV[6]  now_ms       optional; when absent the Redis server's TIME is used
 --
@@ -33,7 +33,7 @@ local limit = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local ban_ms = tonumber(ARGV[5])
 local now_arg = 6
-if not (window and n and limit and cost and ban_ms) or n < 1 or window < n or window % n ~= 0 or limit < 1 or cost < 1 or ban_ms < 0 then
+if not (window and n and limit and cost and ban_ms) or n < 1 or window < n or window % n ~= 0 or limit < 1 or cost < 0 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_window: bad arguments (window_ms, sub_buckets, limit, cost, ban_ms)')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
@@ -67,7 +67,11 @@ if banned_until > now then
   return { 0, left, banned_until - now, math.max(reset_after, banned_until - now) }
 end
 
+-- Cost 0 is a peek: the counters as they are and what a call of one token would get; nothing counted or banned.
+local peek = cost == 0
+if peek then cost = 1 end
 if count + cost <= limit then
+  if peek then return { 0, limit - count, 0, reset_after } end
   redis.call('HINCRBY', KEYS[1], int(cur), cost)
   redis.call('PEXPIRE', KEYS[1], int((cur + n) * sub - now))
   return { cost, limit - count - cost, 0, (cur + n) * sub - now }
@@ -85,7 +89,7 @@ if cost <= limit then
     end
   end
 end
-if ban_ms > 0 then
+if ban_ms > 0 and not peek then
   redis.call('SET', KEYS[2], int(now + ban_ms), 'PX', int(ban_ms))
   retry_after = ban_ms
   if reset_after < ban_ms then reset_after = ban_ms end

@@ -7,6 +7,7 @@
 -- ARGV[3]  per_ms     integer ≥ 1
 -- ARGV[4]  min        tokens, integer ≥ 1: grant nothing unless at least this many are there (the cost)
 -- ARGV[5]  max        tokens, integer ≥ min: grant at most this many (the batch of a lease)
+--          min = max = 0 is a peek: it answers as a call of one token would, and takes and bans nothing
 -- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
 --
 -- With a second key, the rule bans after a breach (e.g. a 'like' limit that refuses the user for an hour):
@@ -94,7 +95,7 @@ local max = tonumber(ARGV[5])
 local ban_key, ban_ms = KEYS[2], 0
 local now_arg = 6
 if ban_key then ban_ms, now_arg = tonumber(ARGV[6]), 7 end
-if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or rate < 0 or per < 1 or min < 1 or max < min or ban_ms < 0 then
+if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or rate < 0 or per < 1 or min < 0 or max < min or (min == 0 and max > 0) or ban_ms < 0 then
   return redis.error_reply('ERR token_bucket: bad arguments (capacity, rate, per_ms, min, max)')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
@@ -122,22 +123,27 @@ if ban_key then
   end
 end
 
+-- min = max = 0 is a peek: the bucket as it is and what a call of one token would wait; nothing taken or banned.
+local peek, need = min == 0, min
+if peek then need = 1 end
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)
-if min > capacity then
+if need > capacity then
   retry_after = -1
-elseif tokens >= min then
-  granted = tokens
-  if granted > max then granted = max end
-  level = level - granted * per
+elseif tokens >= need then
+  if not peek then
+    granted = tokens
+    if granted > max then granted = max end
+    level = level - granted * per
+  end
 elseif rate == 0 then
   retry_after = -1
 else
-  retry_after = cdiv(min * per - level, rate)
+  retry_after = cdiv(need * per - level, rate)
 end
 
 local reset_after = reset_after_of(level)
-if granted == 0 and ban_ms > 0 then
+if granted == 0 and ban_ms > 0 and not peek then
   redis.call('SET', ban_key, int(now + ban_ms), 'PX', int(ban_ms))
   retry_after = ban_ms
   reset_after = at_least(reset_after, ban_ms)

@@ -71,6 +71,14 @@ impl Decision {
         }
     }
 
+    /// The answer to a peek (cost 0): allowed when a call of one token would be now; nothing was taken.
+    pub(crate) fn from_peek(reply: &Reply, source: Source) -> Self {
+        Self {
+            allowed: reply.retry_after_ms == 0,
+            ..Self::from_reply(reply, 0, source)
+        }
+    }
+
     /// A decision made without the shared bucket's numbers: by `fail_mode`, or locally while a lease is slow.
     pub(crate) fn bare(allowed: bool, retry_after: Duration, source: Source) -> Self {
         Self {

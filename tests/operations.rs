@@ -299,7 +299,7 @@ fn sidecar_answers_200_then_429_with_the_rate_limit_headers() {
 #[test]
 fn sidecar_refuses_bad_requests_with_clear_messages() {
     let sidecar = Sidecar::start(rules());
-    let cases: [(&str, u16, &str); 7] = [
+    let cases: [(&str, u16, &str); 6] = [
         ("not json", 400, "must be JSON"),
         (r#"{"rule": "like"}"#, 400, "missing field `key`"),
         (
@@ -308,7 +308,6 @@ fn sidecar_refuses_bad_requests_with_clear_messages() {
             "unknown field `colour`",
         ),
         (r#"{"rule": "like", "key": "u", "cost": -1}"#, 400, "invalid value"),
-        (r#"{"rule": "like", "key": "u", "cost": 0}"#, 400, "cost"),
         (
             r#"{"rule": "like", "key": "u", "cost": 18446744073709551615}"#,
             400,

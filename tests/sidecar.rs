@@ -274,3 +274,33 @@ fn a_request_is_answered_while_a_sighup_reload_reads_and_parses() {
     let (status, json) = serve.post("/v1/check", r#"{"rule": "r9999", "key": "k"}"#);
     assert_eq!(status, 200, "{json}");
 }
+
+#[test]
+fn a_cost_of_zero_peeks_and_reset_forgets_the_key() {
+    let config = "[[rule]]\nname = \"post\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"60s\"\n";
+    let serve = Serve::start(config, &[], &[]);
+    let check = |cost: u64| {
+        serve.post(
+            "/v1/check",
+            &format!(r#"{{"rule": "post", "key": "u1", "cost": {cost}}}"#),
+        )
+    };
+    let (status, json) = check(0);
+    assert_eq!((status, json["remaining"].as_u64()), (200, Some(2)), "{json}");
+    for _ in 0..2 {
+        assert_eq!(check(1).0, 200);
+    }
+    let (status, json) = check(0);
+    assert_eq!(
+        (status, json["remaining"].as_u64()),
+        (429, Some(0)),
+        "a peek at a full window: {json}"
+    );
+    assert_eq!(check(1).0, 429, "the peeks took nothing and the window is full");
+    let (status, json) = serve.post("/v1/reset", r#"{"rule": "post", "key": "u1"}"#);
+    assert_eq!(status, 200, "{json}");
+    let (status, json) = check(0);
+    assert_eq!((status, json["remaining"].as_u64()), (200, Some(2)), "{json}");
+    let (status, json) = serve.post("/v1/reset", r#"{"rule": "nope", "key": "u1"}"#);
+    assert_eq!(status, 404, "{json}");
+}

@@ -44,7 +44,8 @@ impl LeakyBucket {
     }
 
     /// Reserves `cost` tokens at `now_ms` when the slot starts within `max_wait_ms`; the reply's
-    /// `retry_after_ms` is the wait for the slot (granted) or until the wait would fit (refused).
+    /// `retry_after_ms` is the wait for the slot (granted) or until the wait would fit (refused). Cost 0 is a
+    /// peek: nothing reserved, `retry_after_ms` 0 when a slot would fit now.
     pub fn reserve(&self, state: &mut Option<Tat>, cost: u64, max_wait_ms: u64, member: &str, now_ms: u64) -> Reply {
         let rate = i128::from(self.rate);
         let wait: i128 = match state.as_mut() {
@@ -67,6 +68,15 @@ impl LeakyBucket {
                 granted: 0,
                 remaining: 0,
                 retry_after_ms: ceil_div_i(wait - limit, rate),
+                reset_after_ms: ceil_div_i(wait, rate),
+            };
+        }
+        if cost == 0 {
+            // A peek: the queue as it is, nothing reserved.
+            return Reply {
+                granted: 0,
+                remaining: u64::try_from((limit - wait) / i128::from(self.per_ms) + 1).unwrap_or(u64::MAX),
+                retry_after_ms: 0,
                 reset_after_ms: ceil_div_i(wait, rate),
             };
         }

@@ -164,7 +164,8 @@ impl TokenBucket {
     /// there, else nothing. Returns the new state (`None` = full, the key can be deleted) and the reply.
     ///
     /// `retry_after_ms` of a refusal is the time until `min` tokens are there, [`NEVER`] when `min` exceeds
-    /// the capacity or the rate is 0.
+    /// the capacity or the rate is 0. `min = max = 0` is a peek: nothing taken, and the `retry_after_ms` of a
+    /// call of one token.
     pub(crate) fn take(
         &self,
         state: Option<TokenBucketState>,
@@ -174,16 +175,19 @@ impl TokenBucket {
     ) -> (Option<TokenBucketState>, Reply) {
         let mut s = self.refill(state, now_ms);
         let tokens = self.tokens(s.level);
+        let (peek, need) = (max == 0, min.max(1));
         let (mut granted, mut retry_after_ms) = (0, 0);
-        if min > self.capacity {
+        if need > self.capacity {
             retry_after_ms = NEVER;
-        } else if tokens >= ms(min) {
-            granted = u64::try_from(tokens).unwrap_or(0).min(max.max(min));
-            s.level -= self.units(granted);
+        } else if tokens >= ms(need) {
+            if !peek {
+                granted = u64::try_from(tokens).unwrap_or(0).min(max.max(min));
+                s.level -= self.units(granted);
+            }
         } else if self.rate == 0 {
             retry_after_ms = NEVER;
         } else {
-            retry_after_ms = ceil_ms(self.units(min) - s.level, self.rate);
+            retry_after_ms = ceil_ms(self.units(need) - s.level, self.rate);
         }
         let reply = Reply {
             granted,
@@ -259,7 +263,7 @@ impl TokenBucket {
             return (self.unchanged(state, s), reply);
         }
         let (new, mut reply) = self.take(state, min, max, now_ms);
-        if reply.granted == 0 && ban_ms > 0 {
+        if reply.granted == 0 && ban_ms > 0 && max > 0 {
             reply.retry_after_ms = ban.breach(ban_ms, now_ms, reply.retry_after_ms);
             reply.reset_after_ms = at_least(reply.reset_after_ms, ms(ban_ms));
         }

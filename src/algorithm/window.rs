@@ -21,6 +21,16 @@ fn freed_at(leaving: impl Iterator<Item = (u64, u64)>, mut need: u64, now_ms: u6
     NEVER
 }
 
+/// The reply to a peek (cost 0) that a call of one token would pass: nothing granted, nothing to wait for.
+fn peeked(remaining: u64, reset_after_ms: u64) -> Reply {
+    Reply {
+        granted: 0,
+        remaining,
+        retry_after_ms: 0,
+        reset_after_ms: ms(reset_after_ms),
+    }
+}
+
 /// Sliding-window log: at most `limit` tokens granted in any window `(now − window_ms, now]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlidingLog {
@@ -35,7 +45,8 @@ pub type Log = VecDeque<(u64, u64)>;
 
 impl SlidingLog {
     /// Takes `cost` tokens at `now_ms` when the window has room; refused attempts are not recorded.
-    /// A refusal bans the key for `ban_ms` (0 = no ban).
+    /// A refusal bans the key for `ban_ms` (0 = no ban). Cost 0 is a peek: the reply a call of one token would
+    /// get, with nothing granted, recorded or banned (so in the other algorithms too).
     pub fn take(&self, log: &mut Log, ban: &mut Ban, cost: u64, ban_ms: u64, now_ms: u64) -> Reply {
         while log
             .front()
@@ -49,7 +60,12 @@ impl SlidingLog {
         if let Some(left) = ban.left(now_ms) {
             return banned(left, remaining, reset_after);
         }
+        // A peek (cost 0) answers as a call of one token would, and bans nothing.
+        let (peek, cost, ban_ms) = (cost == 0, cost.max(1), if cost == 0 { 0 } else { ban_ms });
         if count + cost <= self.limit {
+            if peek {
+                return peeked(remaining, reset_after);
+            }
             // Kept in time order, as the ZSET orders by score, even if a replay's clock steps back.
             let at = log.partition_point(|(t, _)| *t <= now_ms);
             log.insert(at, (now_ms, cost));
@@ -123,7 +139,15 @@ impl FixedWindow {
             let reset = if state.count > 0 { ends_in } else { 0 };
             return banned(left, remaining, reset);
         }
+        // A peek (cost 0) answers as a call of one token would, and bans nothing.
+        let (peek, cost, ban_ms) = (cost == 0, cost.max(1), if cost == 0 { 0 } else { ban_ms });
+        let reset_after = if state.count > 0 { ends_in } else { 0 };
         if state.count + cost <= self.limit {
+            if peek {
+                // A window a peek opened has count 0 and reset_after 0: the store drops it, as the script
+                // writes nothing.
+                return peeked(remaining, reset_after);
+            }
             state.count += cost;
             return Reply {
                 granted: cost,
@@ -133,7 +157,6 @@ impl FixedWindow {
             };
         }
         let retry_after = if cost > self.limit { NEVER } else { ms(ends_in) };
-        let reset_after = if state.count > 0 { ends_in } else { 0 };
         ban.refuse(ban_ms, now_ms, remaining, retry_after, reset_after)
     }
 }
@@ -168,7 +191,12 @@ impl SlidingWindow {
             return banned(left, remaining, reset_after);
         }
         let until_cur_leaves = (cur + n) * sub - now_ms;
+        // A peek (cost 0) answers as a call of one token would, and bans nothing.
+        let (peek, cost, ban_ms) = (cost == 0, cost.max(1), if cost == 0 { 0 } else { ban_ms });
         if count + cost <= self.limit {
+            if peek {
+                return peeked(remaining, reset_after);
+            }
             match subs.iter_mut().find(|(i, _)| *i == cur) {
                 Some((_, c)) => *c += cost,
                 None => {

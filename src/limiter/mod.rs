@@ -28,6 +28,7 @@ use crate::store::call::{store_key, Call, Members};
 mod builder;
 mod handle;
 mod health;
+mod inspect;
 mod lifecycle;
 mod reload;
 
@@ -96,7 +97,7 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// Takes `cost` tokens of `key` under `rule`.
+    /// Takes `cost` tokens of `key` under `rule`; cost 0 is a peek ([`Limiter::peek`]).
     ///
     /// A leasing rule answers from this process's leased tokens when it has them (tens of nanoseconds), from
     /// its cached "exhausted until" when the shared bucket is empty, and otherwise waits for the key's single
@@ -104,8 +105,8 @@ impl Limiter {
     /// (`source == Fallback`).
     ///
     /// # Errors
-    /// [`Error::UnknownRule`]; [`Error::InvalidArgument`] for an empty key, a key over `max_key_bytes` bytes or
-    /// a zero cost; [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
+    /// [`Error::UnknownRule`]; [`Error::InvalidArgument`] for an empty key or a key over `max_key_bytes` bytes;
+    /// [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
     /// [`Limiter::shutdown`].
     pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
         if self.inner.engine.background.is_closed() {
@@ -128,7 +129,7 @@ impl Limiter {
     /// The hot path of a check (validated): decides from the key's leased tokens when it has them.
     #[inline]
     fn decide_locally(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Option<Decision> {
-        if !compiled.leased {
+        if !compiled.leased || cost == 0 {
             return None;
         }
         let engine = &self.inner.engine;
@@ -183,6 +184,9 @@ impl Limiter {
     }
 
     async fn decide(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Decision, Error> {
+        if cost == 0 {
+            return self.peek_compiled(compiled, key).await;
+        }
         let decision = match compiled.rule.algorithm_for(key) {
             Algorithm::TokenBucket {
                 bucket,
@@ -370,6 +374,9 @@ impl Limiter {
             .get(rule)
             .cloned()
             .ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+        if cost == 0 {
+            return Err(rule::invalid(("cost", "must be at least 1 token".into())));
+        }
         self.validate(&compiled, key, cost)?;
         self.inner.queue.acquire(&compiled, key, cost, max).await
     }
@@ -398,9 +405,6 @@ impl Limiter {
         if key.len() > max {
             let reason = format!("is {} bytes, more than the {max} allowed", key.len());
             return Err(rule::invalid(("key", reason)));
-        }
-        if cost == 0 {
-            return Err(rule::invalid(("cost", "must be at least 1 token".into())));
         }
         if cost <= compiled.min_capacity {
             return Ok(());

@@ -1,4 +1,4 @@
-//! Typed store calls: one constructor per script of `lua/`, and the only place where a call becomes the
+//! Typed store calls: one constructor per script of `lua/` (`script.rs`), and the only place where a call becomes the
 //! script's `KEYS` and `ARGV` (as redis-rs's `ScriptInvocation` builds an invocation) and where store keys are
 //! built. The in-process store matches on the same types, so neither side decodes positions.
 
@@ -8,60 +8,7 @@ use std::time::Duration;
 use crate::algorithm::{LeakyBucket, TokenBucket};
 use crate::rule::Algorithm;
 
-/// The scripts of `lua/`, one per algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Script {
-    TokenBucket,
-    TokenReturn,
-    SlidingLog,
-    FixedWindow,
-    SlidingWindow,
-    LeakyBucket,
-    LeakyReturn,
-    TokenAcquire,
-}
-
-impl Script {
-    /// Every script, in declaration order (the index of its hash and of its metric handles).
-    pub(crate) const ALL: [Script; 8] = [
-        Self::TokenBucket,
-        Self::TokenReturn,
-        Self::SlidingLog,
-        Self::FixedWindow,
-        Self::SlidingWindow,
-        Self::LeakyBucket,
-        Self::LeakyReturn,
-        Self::TokenAcquire,
-    ];
-
-    /// The script's name: its file name without `.lua`, and the `script` metric label.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::TokenBucket => "token_bucket",
-            Self::TokenReturn => "token_return",
-            Self::SlidingLog => "sliding_log",
-            Self::FixedWindow => "fixed_window",
-            Self::SlidingWindow => "sliding_window",
-            Self::LeakyBucket => "leaky_bucket",
-            Self::LeakyReturn => "leaky_return",
-            Self::TokenAcquire => "token_acquire",
-        }
-    }
-
-    /// The script's source text.
-    pub(crate) fn source(self) -> &'static str {
-        match self {
-            Self::TokenBucket => include_str!("../../lua/token_bucket.lua"),
-            Self::TokenReturn => include_str!("../../lua/token_return.lua"),
-            Self::SlidingLog => include_str!("../../lua/sliding_log.lua"),
-            Self::FixedWindow => include_str!("../../lua/fixed_window.lua"),
-            Self::SlidingWindow => include_str!("../../lua/sliding_window.lua"),
-            Self::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
-            Self::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
-            Self::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
-        }
-    }
-}
+pub(crate) use super::script::Script;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +67,8 @@ pub(crate) enum Op {
         cost: u64,
         member: String,
     },
+    /// `reset.lua`: forget the key's state and its ban.
+    Reset,
 }
 
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
@@ -319,6 +268,11 @@ impl Call {
         Self::new(key, Op::LeakyReturn { queue, cost, member })
     }
 
+    /// `reset.lua`: forget the state of `key` (bucket, log, window or queue) and its ban.
+    pub(crate) fn reset(key: impl Into<String>) -> Self {
+        Self::new(key, Op::Reset)
+    }
+
     /// The call deciding `cost` tokens of `key` under `algorithm` at once (a leaky bucket answers whether a
     /// slot is free now), with the limits divided by `share`: 1 for the shared limits, the expected processes
     /// for `fail_mode = "local"`'s local share.
@@ -417,6 +371,7 @@ impl Call {
             Op::SlidingWindow { .. } => Script::SlidingWindow,
             Op::LeakyBucket { .. } => Script::LeakyBucket,
             Op::LeakyReturn { .. } => Script::LeakyReturn,
+            Op::Reset => Script::Reset,
         }
     }
 
@@ -429,7 +384,7 @@ impl Call {
     pub(crate) fn keys(&self) -> Vec<String> {
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
-            Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } => true,
+            Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
             Op::TokenReturn { .. } | Op::TokenAcquire { .. } | Op::LeakyBucket { .. } | Op::LeakyReturn { .. } => false,
         };
         if banned {
@@ -518,6 +473,7 @@ impl Call {
             Op::LeakyReturn { queue, cost, member } => {
                 vec![int(queue.rate), int(queue.per_ms), int(*cost), Arg::Str(member)]
             }
+            Op::Reset => Vec::new(),
         };
         if let Some(now) = self.now_ms {
             args.push(int(now));

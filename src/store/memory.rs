@@ -104,7 +104,9 @@ impl MemoryStore {
             {
                 Err(bad_args(call, "capacity and per_ms must be at least 1"))
             }
-            Op::TokenBucket { min, max, .. } if *min == 0 || max < min => Err(bad_args(call, "need 1 <= min <= max")),
+            Op::TokenBucket { min, max, .. } if (*min == 0 && *max > 0) || max < min => {
+                Err(bad_args(call, "need 1 <= min <= max, or min = max = 0 (a peek)"))
+            }
             Op::TokenAcquire { cost: 0, .. } => Err(bad_args(call, "need 1 <= min <= max")),
             Op::TokenBucket {
                 bucket,
@@ -133,7 +135,7 @@ impl MemoryStore {
                 ban_ms,
                 ..
             } => {
-                check_window(call, *window_ms, *limit, *cost)?;
+                check_window(call, *window_ms, *limit)?;
                 let algo = SlidingLog {
                     limit: *limit,
                     window_ms: *window_ms,
@@ -155,7 +157,7 @@ impl MemoryStore {
                 ban_ms,
                 align_ms,
             } => {
-                check_window(call, *window_ms, *limit, *cost)?;
+                check_window(call, *window_ms, *limit)?;
                 let algo = FixedWindow {
                     limit: *limit,
                     window_ms: *window_ms,
@@ -177,7 +179,7 @@ impl MemoryStore {
                 cost,
                 ban_ms,
             } => {
-                check_window(call, *window_ms, *limit, *cost)?;
+                check_window(call, *window_ms, *limit)?;
                 if *sub_buckets == 0 || window_ms < sub_buckets || window_ms % sub_buckets != 0 {
                     return Err(bad_args(call, "sub_buckets must divide window_ms"));
                 }
@@ -196,11 +198,10 @@ impl MemoryStore {
                     (keep.then_some(State::SlidingWindow(subs, ban)), reply)
                 })
             }
-            Op::LeakyBucket { queue, cost, .. } | Op::LeakyReturn { queue, cost, .. }
-                if queue.rate == 0 || queue.per_ms == 0 || *cost == 0 =>
-            {
-                Err(bad_args(call, "rate, per_ms and cost must be at least 1"))
+            Op::LeakyBucket { queue, .. } | Op::LeakyReturn { queue, .. } if queue.rate == 0 || queue.per_ms == 0 => {
+                Err(bad_args(call, "rate and per_ms must be at least 1"))
             }
+            Op::LeakyReturn { cost: 0, .. } => Err(bad_args(call, "cost must be at least 1")),
             Op::LeakyBucket {
                 queue,
                 cost,
@@ -209,6 +210,16 @@ impl MemoryStore {
             } => self.update_queue(key, now, |tat| queue.reserve(tat, *cost, *max_wait_ms, member, now)),
             Op::LeakyReturn { queue, cost, member } => {
                 self.update_queue(key, now, |tat| queue.give_back(tat, *cost, member, now))
+            }
+            Op::Reset => {
+                // The ban lives in the entry here (a second key in Redis).
+                self.map.remove(key);
+                Ok(Reply {
+                    granted: 0,
+                    remaining: 0,
+                    retry_after_ms: 0,
+                    reset_after_ms: 0,
+                })
             }
         }
     }
@@ -317,10 +328,10 @@ impl MemoryStore {
     }
 }
 
-/// Window, limit and cost are at least 1, as the window scripts require.
-fn check_window(call: &Call, window_ms: u64, limit: u64, cost: u64) -> Result<(), StoreError> {
-    if window_ms == 0 || limit == 0 || cost == 0 {
-        return Err(bad_args(call, "window_ms, limit and cost must be at least 1"));
+/// Window and limit are at least 1, as the window scripts require (cost 0 is a peek).
+fn check_window(call: &Call, window_ms: u64, limit: u64) -> Result<(), StoreError> {
+    if window_ms == 0 || limit == 0 {
+        return Err(bad_args(call, "window_ms and limit must be at least 1"));
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ pub(crate) mod eviction;
 pub(crate) mod guarded;
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod script;
 #[cfg(test)]
 mod tests;
 

@@ -2,7 +2,8 @@
 //!
 //! | route | does |
 //! | --- | --- |
-//! | `POST /v1/check` `{rule, key, cost?}` | 200 or 429 with the decision as JSON and the rate-limit headers |
+//! | `POST /v1/check` `{rule, key, cost?}` | 200 or 429 with the decision as JSON and the rate-limit headers; cost 0 peeks |
+//! | `POST /v1/reset` `{rule, key}` | forgets the key's state and ban ([`Limiter::reset`]): 200 |
 //! | `POST /v1/acquire` `{rule, key, cost?}` | waits for a queue slot (at most the rule's `max_wait`): 200, or 429 |
 //! | `GET /metrics` | the Prometheus metrics |
 //! | `GET /livez` | 200 while the process answers (liveness) |
@@ -90,6 +91,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     let app = Router::new()
         .route("/v1/check", post(check))
         .route("/v1/acquire", post(acquire))
+        .route("/v1/reset", post(reset))
         .route("/metrics", get(render_metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
@@ -200,7 +202,7 @@ impl Ask {
     fn parse(body: &[u8]) -> Result<Self, Box<Response>> {
         serde_json::from_slice(body).map_err(|e| {
             let message = format!(
-                "the body must be JSON {{\"rule\": string, \"key\": string, \"cost\": integer ≥ 1 (default 1)}}: {e}"
+                "the body must be JSON {{\"rule\": string, \"key\": string, \"cost\": integer ≥ 0 (default 1; 0 peeks)}}: {e}"
             );
             Box::new(error_response(StatusCode::BAD_REQUEST, &message))
         })
@@ -272,6 +274,18 @@ async fn acquire(State(state): State<AppState>, body: Bytes) -> Response {
             }
             response
         }
+    }
+}
+
+/// Forgets a key ([`Limiter::reset`]); a `cost` in the body is ignored.
+async fn reset(State(state): State<AppState>, body: Bytes) -> Response {
+    let ask = match Ask::parse(&body) {
+        Ok(ask) => ask,
+        Err(response) => return *response,
+    };
+    match state.limiter.reset(&ask.rule, &ask.key).await {
+        Ok(()) => json_response(StatusCode::OK, &json!({ "reset": true })),
+        Err(e) => error_response(error_status(&e), &e.to_string()),
     }
 }
 
