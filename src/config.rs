@@ -12,6 +12,7 @@ use toml::Spanned;
 
 mod redact;
 mod redis;
+mod rls;
 
 pub(crate) use self::redact::redact_text;
 pub use self::redact::redact_url;
@@ -19,6 +20,7 @@ pub(crate) use self::redis::{
     check_expected_processes, check_key_prefix, DEFAULT_EXPECTED_PROCESSES, DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT,
 };
 pub use self::redis::{RedisConfig, SentinelConfig};
+pub use self::rls::{rls_match, RlsRoute};
 use crate::error::ConfigError;
 use crate::rule::{
     self, check_name, check_sub_buckets, parse_utc_offset, positive, whole_ms, Algorithm, FailMode, Lease, Rule,
@@ -39,6 +41,8 @@ pub struct Config {
     pub serve: ServeConfig,
     /// The rules, in file order, names unique.
     pub rules: Vec<Rule>,
+    /// The rules' `[rule.rls]` routes for Envoy's Rate Limit Service, in file order.
+    pub rls: Vec<RlsRoute>,
     /// The limiter-wide fail mode (from `[redis] fail_mode`, default `local`).
     pub fail_mode: FailMode,
 }
@@ -185,6 +189,7 @@ struct RawRule {
     shadow: bool,
     #[serde(default, rename = "override")]
     overrides: Vec<RawOverride>,
+    rls: Option<rls::RawRls>,
 }
 
 /// `[[rule.override]]`: other limits for keys matching `pattern`; the algorithm stays the rule's.
@@ -250,6 +255,7 @@ impl Config {
             process: ProcessConfig::default(),
             serve: ServeConfig::default(),
             rules,
+            rls: Vec::new(),
             fail_mode: FailMode::default(),
         }
     }
@@ -304,13 +310,18 @@ impl Config {
 
         let mut rules: Vec<Rule> = Vec::with_capacity(raw.rule.len());
         let mut names: HashSet<String> = HashSet::with_capacity(raw.rule.len());
+        let mut routes = Vec::new();
         for spanned in raw.rule {
             // The line of the rule's `[[rule]]` header.
             let line = line_of(spanned.span().start);
-            let raw_rule = spanned.into_inner();
+            let mut raw_rule = spanned.into_inner();
             let ctx = format!("rule \"{}\": ", raw_rule.name);
             if !names.insert(raw_rule.name.clone()) {
                 return Err(invalid(line, ctx, "name", "is used by an earlier rule".into()));
+            }
+            if let Some(rls) = raw_rule.rls.take() {
+                let route = rls.route(&raw_rule.name);
+                routes.push(route.map_err(|(field, message)| invalid(line, ctx.clone(), field, message))?);
             }
             let rule = build_rule(raw_rule).map_err(|(field, message)| invalid(line, ctx, field, message))?;
             rules.push(rule);
@@ -321,6 +332,7 @@ impl Config {
             process: raw.process,
             serve: raw.serve,
             rules,
+            rls: routes,
             fail_mode,
         })
     }

@@ -23,7 +23,9 @@ pub mod telemetry;
 
 pub use algorithm::TokenBucket;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
-pub use config::{redact_url, Config, MetricsConfig, ProcessConfig, RedisConfig, SentinelConfig, ServeConfig};
+pub use config::{
+    redact_url, rls_match, Config, MetricsConfig, ProcessConfig, RedisConfig, RlsRoute, SentinelConfig, ServeConfig,
+};
 pub use decision::{Decision, Permit, Source};
 pub use error::{ConfigError, Error, StoreError, StoreErrorKind};
 pub use limiter::{Limiter, LimiterBuilder, LimiterStats, Readiness, RuleHandle};

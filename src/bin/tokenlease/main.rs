@@ -4,6 +4,8 @@
 
 mod connections;
 mod flash_sale;
+mod grpc;
+mod rls;
 mod serve;
 
 use std::path::PathBuf;
@@ -29,7 +31,8 @@ enum Command {
     },
     /// Simulate a flash sale: P processes × T tasks hammering one hot key (or N SKUs, Zipf-distributed).
     FlashSale(flash_sale::Args),
-    /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, GET /metrics, GET /livez, GET /readyz.
+    /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, GET /metrics, GET /livez, GET /readyz; and
+    /// Envoy's Rate Limit Service (gRPC) with --grpc-listen.
     Serve(serve::Args),
     /// One worker process of `flash-sale` (spawned by it).
     #[command(hide = true)]
@@ -107,11 +110,21 @@ fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
         let lease = rule
             .lease()
             .map(|l| format!(", lease {}..{} ttl {:?}", l.min_batch, l.max_batch, l.ttl));
+        let rls = config.rls.iter().find(|r| r.rule == rule.name).map(|r| {
+            let matches: Vec<String> = r.matches.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!(
+                ", rls domain {} match [{}] key [{}]",
+                r.domain,
+                matches.join(", "),
+                r.key.join(", ")
+            )
+        });
         println!(
-            "  rule {}: {}{}",
+            "  rule {}: {}{}{}",
             rule.name,
             rule.algorithm.name(),
-            lease.unwrap_or_default()
+            lease.unwrap_or_default(),
+            rls.unwrap_or_default()
         );
     }
     Ok(ExitCode::SUCCESS)

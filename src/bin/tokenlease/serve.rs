@@ -10,6 +10,8 @@
 //! | `GET /readyz` | 200 while the store is deciding, 503 with the reason when not (readiness) |
 //! | `GET /healthz` | the same as `/readyz` |
 //!
+//! With `--grpc-listen ADDR`, it also serves Envoy's Rate Limit Service over gRPC on `ADDR` ([`crate::rls`]).
+//!
 //! SIGHUP reloads the config file on a blocking thread, off the workers that answer requests (a file that does not
 //! parse changes nothing); SIGTERM or Ctrl-C stop accepting requests, answer callers waiting in a queue 503, let the
 //! other requests in flight finish (at most [`GRACE`]), and give every leased token back. Connections are bounded,
@@ -19,8 +21,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -34,6 +38,8 @@ use tokenlease::{Config, Decision, Error, Limiter};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tower_http::limit::RequestBodyLimitLayer;
+
+use crate::rls::Routes;
 
 /// Request bodies above this many bytes, plus `[process] max_key_bytes`, are refused (413).
 const MAX_BODY: usize = 16 * 1024;
@@ -53,6 +59,9 @@ pub(crate) struct Args {
     /// Address to listen on, for requests and /metrics.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// Also serve Envoy's Rate Limit Service (RLS v3, gRPC) on this address, for the rules with `[rule.rls]`.
+    #[arg(long)]
+    grpc_listen: Option<SocketAddr>,
 }
 
 #[derive(Clone)]
@@ -81,6 +90,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     let max_body = MAX_BODY + config.process.max_key_bytes;
     let connections = config.serve;
     let max_connections = crate::connections::connection_bound(connections.max_connections);
+    let routes: Routes = Arc::new(ArcSwap::from_pointee(config.rls.clone()));
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
     let stop = CancellationToken::new();
     let state = AppState {
@@ -110,22 +120,41 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let grpc_listener = match args.grpc_listen {
+        None => None,
+        Some(grpc) => Some(
+            tokio::net::TcpListener::bind(grpc)
+                .await
+                .map_err(|e| format!("cannot listen on {grpc}: {e}"))?,
+        ),
+    };
     eprintln!(
         "tokenlease serve: listening on http://{addr} ({}; at most {max_connections} connections)",
         args.config.display()
     );
+    if let Some(grpc) = &grpc_listener {
+        let grpc = grpc.local_addr().map_err(|e| e.to_string())?;
+        let rules = routes.load().len();
+        eprintln!("tokenlease serve: Envoy RLS v3 (gRPC) on {grpc} ({rules} rules with [rule.rls])");
+    }
 
     let background = tokio_util::task::TaskTracker::new();
     background.spawn(stop.clone().run_until_cancelled_owned(upkeep(metrics)));
-    let reload = reload_on_sighup(hangup, limiter.clone(), args.config);
+    let reload = reload_on_sighup(hangup, limiter.clone(), routes.clone(), args.config);
     background.spawn(stop.clone().run_until_cancelled_owned(reload));
     // Not tracked: it outlives the graceful stop, to force the exit on a second signal.
     tokio::spawn(stop_on_signal(terminate, interrupt, stop.clone()));
     background.close();
 
     let server = crate::connections::serve(listener, app, connections, max_connections, stop.clone());
+    let grpc = async {
+        if let Some(grpc) = grpc_listener {
+            let rls = crate::rls::Rls::new(limiter.clone(), routes);
+            crate::grpc::serve(grpc, rls, max_connections, stop.clone()).await;
+        }
+    };
     tokio::select! {
-        () = server => {}
+        _ = async { tokio::join!(server, grpc) } => {}
         () = async { stop.cancelled().await; tokio::time::sleep(GRACE).await } => {
             eprintln!("tokenlease serve: requests still in flight after {GRACE:?}; stopping anyway");
         }
@@ -156,15 +185,17 @@ async fn stop_on_signal(mut terminate: Signal, mut interrupt: Signal, stop: Canc
 
 /// Reloads `path` on every SIGHUP; a file that does not parse, or changes the store, keeps the rules in force.
 /// Parsing and compiling run on a blocking thread (100 000 rules take seconds): requests keep being answered under
-/// the rules in force until the new ones are swapped in.
-async fn reload_on_sighup(mut hangup: Signal, limiter: Limiter, path: PathBuf) {
+/// the rules in force until the new ones are swapped in, and the `[rule.rls]` routes right after them.
+async fn reload_on_sighup(mut hangup: Signal, limiter: Limiter, routes: Routes, path: PathBuf) {
     while hangup.recv().await.is_some() {
         eprintln!("tokenlease serve: reloading {}", path.display());
-        let (limiter, file) = (limiter.clone(), path.clone());
+        let (limiter, routes, file) = (limiter.clone(), routes.clone(), path.clone());
         let reloaded = tokio::task::spawn_blocking(move || {
-            Config::from_path(&file)
-                .map_err(Error::from)
-                .and_then(|c| limiter.reload(c))
+            let config = Config::from_path(&file).map_err(Error::from)?;
+            let rls = config.rls.clone();
+            limiter.reload(config)?;
+            routes.store(Arc::new(rls));
+            Ok::<(), Error>(())
         })
         .await;
         match reloaded {
