@@ -24,6 +24,10 @@ redis-server --version
 redis-sentinel --version
 promtool --version 2>&1 | sed -n 1p
 
+# tests/rls.rs asks the sidecar's Envoy RLS with a real Python gRPC client: python3, python3-venv (apt, when
+# missing) and the pinned grpcio and Envoy API stubs (pip, into target/rls-venv).
+bash scripts/rls-client.sh
+
 # Benchmarks are built (not run) so that they keep compiling; `cargo bench` runs them.
 cargo bench --no-run
 # Three OS processes pace one leaky-bucket rule on a private redis-server: fails when 5 % off the rate.
