@@ -45,6 +45,7 @@ struct Serve {
     child: Child,
     http: u16,
     grpc: u16,
+    config: PathBuf,
     stderr: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -68,6 +69,7 @@ impl Serve {
             child,
             http,
             grpc,
+            config: path,
             stderr,
             _dir: dir,
         };
@@ -125,6 +127,20 @@ impl Serve {
     /// One request, its answer.
     fn ask_one(&self, request: Value) -> Value {
         self.ask(&json!([request])).remove(0)
+    }
+
+    /// Writes `config` over the file and reloads it (SIGHUP); waits until the sidecar says it reloaded.
+    fn reload(&self, config: &str) {
+        std::fs::write(&self.config, config).expect("write config");
+        let reloads = self.log().matches("tokenlease serve: reloaded").count();
+        let hup = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status();
+        assert!(hup.is_ok_and(|s| s.success()), "kill -HUP");
+        let done = common::wait_for(Duration::from_secs(20), || {
+            (self.log().matches("tokenlease serve: reloaded").count() > reloads).then_some(())
+        });
+        assert!(done.is_some(), "no reload: {}", self.log());
     }
 
     fn log(&self) -> String {
@@ -337,6 +353,20 @@ fn rls_answers_envoy_on_the_in_process_store() {
     ]));
     let left: Vec<&Value> = answers.iter().map(|a| &a["statuses"][0]["limit_remaining"]).collect();
     assert_eq!(left, [&json!(9), &json!(5)], "{answers:?}");
+
+    // SIGHUP reloads the routes with the rules: `checkout` now answers domain `store`, and `shop` no more.
+    serve.reload(&rules("").replacen("domain = \"shop\"", "domain = \"store\"", 1));
+    let moved = [("generic_key", "checkout"), ("remote_address", "10.0.0.9")];
+    let answers = serve.ask(&json!([one("store", &moved, 0), one("shop", &moved, 0)]));
+    assert_eq!(
+        answers[0]["statuses"][0]["current_limit"]["name"], "checkout",
+        "{answers:?}"
+    );
+    assert_eq!(
+        answers[1]["statuses"][0],
+        json!({"code": "OK", "limit_remaining": 0}),
+        "{answers:?}"
+    );
 }
 
 #[test]

@@ -131,6 +131,30 @@ mod tests {
         assert_eq!(global.key_of("shop", &full).as_deref(), Some("shop"));
     }
 
+    fn parse(rls: &str) -> Result<crate::Config, String> {
+        let text = format!("[[rule]]\nname = \"c\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n{rls}");
+        crate::Config::from_toml(&text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn rule_rls_is_parsed_and_checked_with_its_line() {
+        let ok = parse("[rule.rls]\ndomain = \"shop\"\nmatch = { generic_key = \"checkout\" }\nkey = [\"ip\"]\n");
+        let routes = ok.map(|c| c.rls).unwrap_or_default();
+        assert_eq!(
+            routes,
+            [route(&[("generic_key", "checkout")], &["ip"])].map(|r| RlsRoute { rule: "c".into(), ..r })
+        );
+        assert_eq!(parse("").map(|c| c.rls.len()), Ok(0));
+        let err = |rls: &str| parse(rls).err().unwrap_or_default();
+        assert!(err("[rule.rls]\ndomain = \"\"\n").contains("1: rule \"c\": `rls.domain`: must not be empty"));
+        assert!(
+            err("[rule.rls]\ndomain = \"d\"\nkey = [\"a\", \"a\"]\n").contains("`rls.key`: names the entry `a` twice")
+        );
+        assert!(err("[rule.rls]\ndomain = \"d\"\nkey = [\"\"]\n").contains("must not be empty"));
+        assert!(err("[rule.rls]\ndomain = \"d\"\nkeys = [\"a\"]\n").contains("unknown field `keys`"));
+        assert!(err("[rule.rls]\nkey = [\"a\"]\n").contains("missing field `domain`"));
+    }
+
     #[test]
     fn the_first_route_in_file_order_answers() {
         let mut a = route(&[("generic_key", "checkout")], &["remote_address"]);

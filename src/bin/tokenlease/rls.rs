@@ -23,11 +23,13 @@
 //!   `UNAVAILABLE` (Envoy then applies its `failure_mode_deny`).
 //!
 //! Every matched descriptor is charged, even when another one of the request is over its limit: the descriptors
-//! are decided at once, each atomically in its own bucket, and no store transaction spans several keys.
-//! limitador checks every counter before it charges any, and envoy ratelimit skips the increments of the others
-//! when one counter is, or is about to be, over (a read before the increments, not atomic either). With
-//! tokenlease, put the descriptor most likely to refuse in a rule of its own request (Envoy's `rate_limits`
-//! entries with another `stage`) when that matters.
+//! are decided at once, each atomically in its own bucket, and no store transaction spans several keys (a leased
+//! key's tokens are not even in the store). limitador checks every counter before it charges any; envoy
+//! ratelimit skips the increments of the others when one counter is, or is about to be, over (a read before the
+//! increments, not atomic either); its releases before that charged every descriptor, as tokenlease does.
+//!
+//! A descriptor's own `hits_addend` of 0, which envoy ratelimit takes as a check without a hit, is charged 1 here
+//! (the limiter has no cost-0 peek yet).
 
 use std::sync::Arc;
 use std::time::Duration;
