@@ -10,8 +10,13 @@
 -- ARGV[3]  cost       tokens asked, integer ≥ 0 (0: a peek, which answers as for 1 and changes nothing)
 -- ARGV[4]  ban_ms     after a refusal, refuse the key this long (0 = no ban)
 -- ARGV[5]  align_ms   -1: rolling, the first hit opens the window; ≥ 0: calendar windows start where
---                     (now_ms + align_ms) is a multiple of window_ms (local midnight in UTC+08:00: 86400000, 28800000)
--- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used
+--                     (now_ms + align_ms) is a multiple of window_ms (local midnight in UTC+08:00: 86400000, 28800000);
+--                     -2: a time zone's calendar windows, whose lengths vary (a 23- or 25-hour day): ARGV[6..9] follow
+-- ARGV[6..9] b0 < b1 < b2 < b3, only with align_ms = -2: the boundaries in ms of three windows in a row, [b0, b1),
+--                     [b1, b2), [b2, b3), as the client's tz database cuts them around the client's clock (src/rule/zone.rs);
+--                     the window holding now_ms is used, so the Redis server's clock still decides, and a clock
+--                     skew of up to a window between client and server changes nothing; outside [b0, b3) an error
+-- ARGV[6]  now_ms     optional (ARGV[10] with align_ms = -2); when absent the Redis server's TIME is used
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         tokens: cost or 0
@@ -33,8 +38,16 @@ local cost = tonumber(ARGV[3])
 local ban_ms = tonumber(ARGV[4])
 local align = tonumber(ARGV[5])
 local now_arg = 6
-if not (window and limit and cost and ban_ms and align) or window < 1 or limit < 1 or cost < 0 or ban_ms < 0 or align < -1 then
+if not (window and limit and cost and ban_ms and align) or window < 1 or limit < 1 or cost < 0 or ban_ms < 0 or align < -2 then
   return redis.error_reply('ERR fixed_window: bad arguments (window_ms, limit, cost, ban_ms, align_ms)')
+end
+local b = nil -- a time zone's boundaries
+if align == -2 then
+  b = { tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]) }
+  if not (b[1] and b[2] and b[3] and b[4]) or b[1] >= b[2] or b[2] >= b[3] or b[3] >= b[4] then
+    return redis.error_reply('ERR fixed_window: bad window boundaries (b0 < b1 < b2 < b3)')
+  end
+  now_arg = 10
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
@@ -44,13 +57,23 @@ end
 
 local state = redis.call('HMGET', KEYS[1], 'start', 'count')
 local start, count = tonumber(state[1]), tonumber(state[2]) or 0
-if align >= 0 then
+local ends_at = nil
+if b then
+  local s = nil
+  for i = 1, 3 do
+    if now >= b[i] and now < b[i + 1] then s, ends_at = b[i], b[i + 1] end
+  end
+  if not s then
+    return redis.error_reply('ERR fixed_window: the server clock is outside the windows sent (clock skew above a window)')
+  end
+  if start ~= s then start, count = s, 0 end
+elseif align >= 0 then
   local s = idiv(now + align, window) * window - align
   if start ~= s then start, count = s, 0 end
 elseif start == nil or now >= start + window or now < start then
   start, count = now, 0
 end
-local ends_in = start + window - now
+local ends_in = (ends_at or (start + window)) - now
 
 local banned_until = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if banned_until > now then

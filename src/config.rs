@@ -13,6 +13,7 @@ use toml::Spanned;
 mod redact;
 mod redis;
 mod rls;
+mod window;
 
 pub(crate) use self::redact::redact_text;
 pub use self::redact::redact_url;
@@ -21,10 +22,9 @@ pub(crate) use self::redis::{
 };
 pub use self::redis::{RedisConfig, SentinelConfig};
 pub use self::rls::{rls_match, RlsRoute};
+use self::window::Reset;
 use crate::error::ConfigError;
-use crate::rule::{
-    self, check_name, check_sub_buckets, parse_utc_offset, positive, whole_ms, Algorithm, FailMode, Lease, Rule,
-};
+use crate::rule::{self, check_name, check_sub_buckets, positive, whole_ms, Algorithm, FailMode, Lease, Rule};
 
 pub use serve::ServeConfig;
 
@@ -140,14 +140,6 @@ enum AlgorithmName {
     LeakyBucket,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Reset {
-    Midnight,
-    Hour,
-    Minute,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLease {
@@ -181,6 +173,7 @@ struct RawRule {
     ban: Option<Duration>,
     reset: Option<Reset>,
     utc_offset: Option<String>,
+    timezone: Option<String>,
     sub_buckets: Option<u64>,
     #[serde(default, with = "humantime_serde")]
     max_wait: Option<Duration>,
@@ -385,7 +378,7 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
     // Fields that belong to other algorithms are errors, not silently ignored.
     let allowed: &[&str] = match name {
         AlgorithmName::TokenBucket => &["capacity", "rate", "per", "lease", "ban"],
-        AlgorithmName::FixedWindow => &["limit", "window", "ban", "reset", "utc_offset"],
+        AlgorithmName::FixedWindow => &["limit", "window", "ban", "reset", "utc_offset", "timezone"],
         AlgorithmName::SlidingLog => &["limit", "window", "ban"],
         AlgorithmName::SlidingWindow => &["limit", "window", "ban", "sub_buckets"],
         AlgorithmName::LeakyBucket => &["rate", "per", "max_wait"],
@@ -400,6 +393,7 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
         ("ban", r.ban.is_some()),
         ("reset", r.reset.is_some()),
         ("utc_offset", r.utc_offset.is_some()),
+        ("timezone", r.timezone.is_some()),
         ("sub_buckets", r.sub_buckets.is_some()),
         ("max_wait", r.max_wait.is_some()),
     ];
@@ -438,36 +432,11 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
         AlgorithmName::FixedWindow => {
             let limit = positive(required(r.limit, "limit", algo)?, "limit")?;
             let window_ms = whole_ms(required(r.window, "window", algo)?, "window")?;
-            let align_ms = match r.reset {
-                None => {
-                    if r.utc_offset.is_some() {
-                        return Err(("utc_offset", "needs `reset` (midnight, hour or minute)".into()));
-                    }
-                    None
-                }
-                Some(reset) => {
-                    let period: u64 = match reset {
-                        Reset::Midnight => 86_400_000,
-                        Reset::Hour => 3_600_000,
-                        Reset::Minute => 60_000,
-                    };
-                    if window_ms % period != 0 {
-                        return Err((
-                            "window",
-                            format!("must be a whole number of {reset:?}s to reset at one (got {window_ms} ms)")
-                                .to_lowercase(),
-                        ));
-                    }
-                    // Windows start where (now_ms + offset) is a multiple of the window: local midnight.
-                    let offset = parse_utc_offset(r.utc_offset.as_deref().unwrap_or("Z"))?;
-                    let w = i64::try_from(window_ms).map_err(|_| ("window", "is too long".to_owned()))?;
-                    Some(u64::try_from(offset.rem_euclid(w)).unwrap_or(0))
-                }
-            };
+            let calendar = window::calendar(window_ms, r.reset, r.utc_offset.as_deref(), r.timezone.as_deref())?;
             Algorithm::FixedWindow {
                 limit,
                 window_ms,
-                align_ms,
+                calendar,
                 ban_ms,
             }
         }

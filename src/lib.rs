@@ -29,5 +29,5 @@ pub use config::{
 pub use decision::{Decision, Permit, Source};
 pub use error::{ConfigError, Error, StoreError, StoreErrorKind};
 pub use limiter::{Limiter, LimiterBuilder, LimiterStats, Readiness, RuleHandle};
-pub use rule::{Algorithm, FailMode, Lease, Override, Quota, Rule};
+pub use rule::{Algorithm, Calendar, FailMode, Lease, Override, Quota, Rule, Zone};
 pub use store::{BoxFuture, MemoryStore, RedisStore, Store};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tokenlease::{Algorithm, Config, FailMode};
+use tokenlease::{Algorithm, Calendar, Config, FailMode};
 
 #[test]
 fn the_shipped_config_is_valid() {
@@ -28,12 +28,12 @@ fn the_shipped_config_is_valid() {
         Algorithm::FixedWindow {
             limit,
             window_ms,
-            align_ms,
+            calendar,
             ban_ms,
         } => {
             assert_eq!(
-                (*limit, *window_ms, *align_ms, *ban_ms),
-                (100, 86_400_000, Some(28_800_000), 0)
+                (*limit, *window_ms, calendar.clone(), *ban_ms),
+                (100, 86_400_000, Some(Calendar::Offset { align_ms: 28_800_000 }), 0)
             );
         }
         other => panic!("upload is {other:?}"),

@@ -12,7 +12,7 @@ pub mod window;
 pub use ban::Ban;
 pub use leaky_bucket::{LeakyBucket, Tat};
 pub use token_bucket::{TokenBucket, TokenBucketState};
-pub use window::{FixedWindow, SlidingLog, SlidingWindow, WindowCount};
+pub use window::{FixedWindow, Frame, SlidingLog, SlidingWindow, WindowCount};
 
 /// The reply every algorithm (and every Lua script) gives: `{ granted, remaining, retry_after_ms, reset_after_ms }`.
 ///

@@ -94,9 +94,18 @@ pub struct FixedWindow {
     pub limit: u64,
     /// Window length in milliseconds (≥ 1).
     pub window_ms: u64,
-    /// `None`: rolling (the first hit opens the window); `Some(a)`: windows start where `now + a` is a multiple
-    /// of the window.
-    pub align_ms: Option<u64>,
+    /// Where the window holding `now` starts and ends.
+    pub frame: Frame,
+}
+
+/// Where a fixed window starts and ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// The first hit opens the window.
+    Rolling,
+    /// The window holding `now` is `[start_ms, end_ms)`, as a calendar cuts it (the caller found it for this
+    /// `now`: `lua/fixed_window.lua` computes it from `align_ms` or picks it among the boundaries sent).
+    Between(i64, i64),
 }
 
 /// A fixed window's state: when it opened and what it granted.
@@ -112,18 +121,22 @@ impl FixedWindow {
     /// Takes `cost` tokens at `now_ms` when the current window has room. A refusal bans for `ban_ms`.
     pub fn take(&self, state: &mut WindowCount, ban: &mut Ban, cost: u64, ban_ms: u64, now_ms: u64) -> Reply {
         let (now, w) = (ms(now_ms), ms(self.window_ms));
-        match self.align_ms {
-            Some(align) => {
-                let a = ms(align);
-                let start = (now + a).div_euclid(w) * w - a;
-                if state.start_ms != Some(start) {
-                    *state = WindowCount {
-                        start_ms: Some(start),
-                        count: 0,
-                    };
-                }
+        // A calendar window holding `now` that is not the stored one starts at 0.
+        fn open_at(state: &mut WindowCount, start: i64) {
+            if state.start_ms != Some(start) {
+                *state = WindowCount {
+                    start_ms: Some(start),
+                    count: 0,
+                };
             }
-            None => {
+        }
+        let mut end = None;
+        match self.frame {
+            Frame::Between(start, until) => {
+                open_at(state, start);
+                end = Some(until);
+            }
+            Frame::Rolling => {
                 let fresh = state.start_ms.is_none_or(|s| now >= s + w || now < s);
                 if fresh {
                     *state = WindowCount {
@@ -133,7 +146,8 @@ impl FixedWindow {
                 }
             }
         }
-        let ends_in = u64::try_from(state.start_ms.unwrap_or(now) + w - now).unwrap_or(0);
+        let end = end.unwrap_or_else(|| state.start_ms.unwrap_or(now) + w);
+        let ends_in = u64::try_from(end - now).unwrap_or(0);
         let remaining = self.limit.saturating_sub(state.count);
         if let Some(left) = ban.left(now_ms) {
             let reset = if state.count > 0 { ends_in } else { 0 };

@@ -5,11 +5,14 @@ use std::time::Duration;
 use crate::algorithm::TokenBucket;
 
 mod validate;
+mod zone;
 
 pub(crate) use validate::{
     check_name, check_sub_buckets, invalid, leaky_params, parse_utc_offset, positive, token_bucket_params,
     validate_lease, whole_ms, window_params, NO_BAN_WITH_LEASE,
 };
+pub(crate) use zone::wall_clock_ms;
+pub use zone::{Calendar, Zone};
 
 /// What the limiter does when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize)]
@@ -70,10 +73,9 @@ pub enum Algorithm {
         limit: u64,
         /// Window length in milliseconds.
         window_ms: u64,
-        /// `None`: rolling (the first hit opens the window); `Some(offset_ms)`: calendar windows starting at
-        /// the times where `now_ms + offset_ms` is a multiple of the window (local midnight in UTC+08:00:
-        /// 28 800 000).
-        align_ms: Option<u64>,
+        /// `None`: rolling (the first hit opens the window); `Some`: calendar windows of a fixed UTC offset
+        /// or an IANA time zone.
+        calendar: Option<Calendar>,
         /// Ban after a breach, in milliseconds (0 = none).
         ban_ms: u64,
     },
@@ -286,14 +288,15 @@ impl Rule {
             Algorithm::FixedWindow {
                 limit,
                 window_ms,
-                align_ms: None,
+                calendar: None,
                 ban_ms: 0,
             },
         )
     }
 
     /// A calendar fixed-window rule (seed 003, scenario 3): windows of `window` start at local midnight (or
-    /// the hour, the minute) of the zone `utc_offset` (`"+08:00"`), so a daily quota resets at local midnight.
+    /// the hour, the minute) of the fixed offset `utc_offset` (`"+08:00"`), so a daily quota resets at local
+    /// midnight. For a zone with daylight-saving time use [`Rule::calendar_window_in_zone`].
     ///
     /// # Errors
     /// As [`Rule::sliding_log`]; also `utc_offset` when it is not like `+08:00`.
@@ -307,12 +310,33 @@ impl Rule {
         let offset = parse_utc_offset(utc_offset).map_err(invalid)?;
         let w = i64::try_from(window_ms).map_err(|_| invalid(("window", "is too long".into())))?;
         let align_ms = u64::try_from(offset.rem_euclid(w)).unwrap_or(0);
+        Self::calendar(name, limit, window_ms, Calendar::Offset { align_ms })
+    }
+
+    /// A calendar fixed-window rule in the IANA time zone `timezone` (`"Europe/Berlin"`, from the tz database
+    /// bundled by the `jiff` crate): windows of whole days start at each local midnight, so a daily quota
+    /// resets at local midnight on both sides of a daylight-saving change and the 23- and 25-hour days are one
+    /// window each; shorter windows follow the wall clock (see [`Zone`]).
+    ///
+    /// # Errors
+    /// As [`Rule::sliding_log`]; also `timezone` when the tz database has no such zone.
+    pub fn calendar_window_in_zone(
+        name: impl Into<String>,
+        limit: u64,
+        window: Duration,
+        timezone: &str,
+    ) -> Result<Self, crate::Error> {
+        let (limit, window_ms) = window_params(limit, window).map_err(invalid)?;
+        Self::calendar(name, limit, window_ms, Calendar::Zone(Zone::iana(timezone)?))
+    }
+
+    fn calendar(name: impl Into<String>, limit: u64, window_ms: u64, calendar: Calendar) -> Result<Self, crate::Error> {
         Self::named(
             name,
             Algorithm::FixedWindow {
                 limit,
                 window_ms,
-                align_ms: Some(align_ms),
+                calendar: Some(calendar),
                 ban_ms: 0,
             },
         )

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::algorithm::{LeakyBucket, TokenBucket};
-use crate::rule::Algorithm;
+use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
 
@@ -37,14 +37,14 @@ pub(crate) enum Op {
         member: String,
         ban_ms: u64,
     },
-    /// `fixed_window.lua`: `align_ms` `None` rolls (the first hit opens the window), `Some` aligns calendar
-    /// windows where `now_ms + align_ms` is a multiple of `window_ms`.
+    /// `fixed_window.lua`: `calendar` `None` rolls (the first hit opens the window), `Some` cuts calendar
+    /// windows of a fixed offset (`align_ms`) or of a time zone (the client sends the windows around its clock).
     FixedWindow {
         window_ms: u64,
         limit: u64,
         cost: u64,
         ban_ms: u64,
-        align_ms: Option<u64>,
+        calendar: Option<Calendar>,
     },
     /// `sliding_window.lua`: `limit` per `window_ms`, counted in `sub_buckets` sub-buckets.
     SlidingWindow {
@@ -125,7 +125,11 @@ pub(crate) fn store_key(prefix: &str, rule: &str, key: &str) -> String {
 }
 
 fn int(v: u64) -> Arg<'static> {
-    Arg::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    Arg::Int(ms(v))
+}
+
+fn ms(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 impl Call {
@@ -208,7 +212,7 @@ impl Call {
         (window_ms, limit): (u64, u64),
         cost: u64,
         ban_ms: u64,
-        align_ms: Option<u64>,
+        calendar: Option<Calendar>,
     ) -> Self {
         Self::new(
             key,
@@ -217,7 +221,7 @@ impl Call {
                 limit,
                 cost,
                 ban_ms,
-                align_ms,
+                calendar,
             },
         )
     }
@@ -288,9 +292,9 @@ impl Call {
             Algorithm::FixedWindow {
                 limit,
                 window_ms,
-                align_ms,
+                calendar,
                 ban_ms,
-            } => Self::fixed_window(key, (*window_ms, part(*limit)), cost, *ban_ms, *align_ms),
+            } => Self::fixed_window(key, (*window_ms, part(*limit)), cost, *ban_ms, calendar.clone()),
             Algorithm::SlidingWindow {
                 limit,
                 window_ms,
@@ -437,14 +441,22 @@ impl Call {
                 limit,
                 cost,
                 ban_ms,
-                align_ms,
-            } => vec![
-                int(*window_ms),
-                int(*limit),
-                int(*cost),
-                int(*ban_ms),
-                align_ms.map_or(Arg::Int(-1), int),
-            ],
+                calendar,
+            } => {
+                let mut v = vec![int(*window_ms), int(*limit), int(*cost), int(*ban_ms)];
+                match calendar {
+                    None => v.push(Arg::Int(-1)),
+                    Some(Calendar::Offset { align_ms }) => v.push(int(*align_ms)),
+                    Some(Calendar::Zone(zone)) => {
+                        // The window around this process's clock and its neighbours: the script picks the one
+                        // holding the Redis server's TIME (invariant 6).
+                        let now = self.now_ms.map_or_else(crate::rule::wall_clock_ms, ms);
+                        v.push(Arg::Int(-2));
+                        v.extend(zone.bounds(*window_ms, now).map(Arg::Int));
+                    }
+                }
+                v
+            }
             Op::SlidingWindow {
                 window_ms,
                 sub_buckets,

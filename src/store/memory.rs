@@ -9,7 +9,7 @@ use dashmap::DashMap;
 use super::call::{Call, Op};
 use super::{bad_args, BoxFuture, Store};
 use crate::algorithm::window::{Log, SubBuckets};
-use crate::algorithm::{Ban, FixedWindow, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
+use crate::algorithm::{Ban, FixedWindow, Frame, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Source;
 use crate::error::StoreError;
@@ -32,6 +32,9 @@ enum State {
 pub struct MemoryStore {
     map: DashMap<String, Entry>,
     clock: Arc<dyn Clock>,
+    /// The wall clock's ms since the Unix epoch minus `clock`'s ms, read once at construction: calendar windows
+    /// are cut on the wall clock (local midnight) and then counted in `clock`'s ms, as everything else here.
+    wall_shift_ms: i64,
     /// When idle keys were last purged (ms of the calls' clock).
     purged_at_ms: AtomicU64,
 }
@@ -61,9 +64,11 @@ impl MemoryStore {
 
     /// A store reading `now_ms` from `clock` when a call does not carry one.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        let wall_shift_ms = crate::rule::wall_clock_ms() - i64::try_from(clock.now_ms()).unwrap_or(0);
         Self {
             map: DashMap::new(),
             clock,
+            wall_shift_ms,
             purged_at_ms: AtomicU64::new(0),
         }
     }
@@ -155,13 +160,23 @@ impl MemoryStore {
                 limit,
                 cost,
                 ban_ms,
-                align_ms,
+                calendar,
             } => {
                 check_window(call, *window_ms, *limit)?;
+                let frame = match calendar {
+                    None => Frame::Rolling,
+                    Some(calendar) => {
+                        // A call's own `now_ms` is ms since the Unix epoch, as Redis's TIME.
+                        let shift = if call.now_ms.is_some() { 0 } else { self.wall_shift_ms };
+                        let wall = i64::try_from(now).unwrap_or(i64::MAX).saturating_add(shift);
+                        let (start, end) = calendar.window(*window_ms, wall);
+                        Frame::Between(start - shift, end - shift)
+                    }
+                };
                 let algo = FixedWindow {
                     limit: *limit,
                     window_ms: *window_ms,
-                    align_ms: *align_ms,
+                    frame,
                 };
                 self.update(key, now, |state| {
                     let (mut count, mut ban) = match state {

@@ -9,3 +9,4 @@ mod peek;
 mod queue;
 mod token_bucket;
 mod windows;
+mod zones;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::harness::{r, step, EveryStore, Step};
+use crate::rule::Calendar;
 use crate::store::{Call, MemoryStore, RedisStore, Store};
 
 static MEMBER: AtomicU64 = AtomicU64::new(0);
@@ -24,8 +25,10 @@ fn log(name: &str, window_ms: u64, limit: u64, cost: u64, ban_ms: u64, now: u64)
 
 /// fixed_window.lua: window_ms, limit, cost, ban_ms, align_ms (−1: rolling), now_ms.
 fn fixed(name: &str, window_ms: u64, limit: u64, cost: u64, ban_ms: u64, align_ms: i64, now: u64) -> Call {
-    let align_ms = u64::try_from(align_ms).ok();
-    Call::fixed_window(key(name), (window_ms, limit), cost, ban_ms, align_ms).at(now)
+    let calendar = u64::try_from(align_ms)
+        .ok()
+        .map(|align_ms| Calendar::Offset { align_ms });
+    Call::fixed_window(key(name), (window_ms, limit), cost, ban_ms, calendar).at(now)
 }
 
 /// sliding_window.lua: window_ms, sub_buckets, limit, cost, ban_ms, now_ms.
