@@ -54,6 +54,10 @@ const BAD: &[(&str, &[&str])] = &[
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = -3\nrate = 1\nper = \"1s\"\n", &["capacity", ":4"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\nreset = \"midnight\"\nutc_offset = \"8\"\n", &["`utc_offset`"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"90m\"\nreset = \"hour\"\n", &["`window`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\nreset = \"midnight\"\ntimezone = \"Europe/Berlín\"\n", &["rule \"a\"", "`timezone`", "`Europe/Berlín` is not an IANA time zone"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\nreset = \"midnight\"\ntimezone = \"Europe/Berlin\"\nutc_offset = \"+01:00\"\n", &["`timezone`", "`utc_offset` exclude each other"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\ntimezone = \"Europe/Berlin\"\n", &["`timezone`", "needs `reset`"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 10\nwindow = \"1d\"\ntimezone = \"UTC\"\n", &["`timezone`", "not used by algorithm sliding_log"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1s\"\n[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", ":6", "earlier rule"]),
     ("[redis]\nurl = \"http://localhost\"\n", &["[redis]", "`url`"]),
     ("[redis]\ntimeout = \"5ms\"\n", &["[redis]", "`url`", "is required", "cluster"]),
@@ -137,6 +141,42 @@ fn check_config_command_reports_the_error_and_fails() {
         .expect("run");
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("rule sku_buy: token_bucket"));
+}
+
+/// `timezone` gives an IANA zone's calendar, overrides keep it; `utc_offset` still gives a fixed offset.
+#[test]
+fn a_timezone_gives_a_zoned_calendar() {
+    let config = Config::from_toml(
+        r#"
+[[rule]]
+name = "report"
+algorithm = "fixed_window"
+limit = 10
+window = "1d"
+reset = "midnight"
+timezone = "america/new_york"
+
+[[rule.override]]
+pattern = "vip:*"
+limit = 100
+"#,
+    )
+    .expect("config");
+    let rule = config.rule("report").expect("report");
+    for algorithm in [&rule.algorithm, &rule.overrides[0].algorithm] {
+        match algorithm {
+            Algorithm::FixedWindow {
+                calendar: Some(Calendar::Zone(zone)),
+                ..
+            } => assert_eq!(zone.name(), "America/New_York"),
+            other => panic!("report is {other:?}"),
+        }
+    }
+    let zone = tokenlease::Zone::iana("America/New_York").expect("zone");
+    let api = tokenlease::Rule::calendar_window_in_zone("report", 10, Duration::from_secs(86_400), "America/New_York")
+        .expect("rule");
+    assert_eq!(api.algorithm, rule.algorithm);
+    assert!(matches!(&api.algorithm, Algorithm::FixedWindow { calendar: Some(Calendar::Zone(z)), .. } if *z == zone));
 }
 
 #[test]

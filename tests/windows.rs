@@ -135,6 +135,10 @@ async fn costs_above_the_limit_and_bad_rules_are_errors() {
         Rule::calendar_window("x", 1, Duration::from_secs(86_400), "8"),
         Err(tokenlease::Error::InvalidArgument { name: "utc_offset", .. })
     ));
+    assert!(matches!(
+        Rule::calendar_window_in_zone("x", 1, Duration::from_secs(86_400), "Europe/Atlantis"),
+        Err(tokenlease::Error::InvalidArgument { name: "timezone", .. })
+    ));
     // The ban works through the limiter too.
     for _ in 0..10 {
         assert!(limiter.check("like", "u", 1).await.expect("check").allowed);
@@ -168,4 +172,35 @@ async fn a_vip_override_applies_to_matching_keys_only() {
     // The cost bound follows the override too.
     assert!(limiter.check("post", "vip:2", 5).await.is_ok());
     assert!(limiter.check("post", "user:2", 5).await.is_err());
+}
+
+/// A daily quota in an IANA zone through the limiter, on Redis (the server's clock) and in process (the wall
+/// clock): the refusal's `retry_after` and `reset_after` are the time to the zone's next local midnight. The
+/// exact `now_ms` cases around daylight-saving changes run inside the crate (`src/store/tests/zones.rs`).
+#[tokio::test]
+async fn a_zoned_daily_quota_resets_at_the_zones_midnight() {
+    let server = common::RedisServer::start();
+    let rule =
+        Rule::calendar_window_in_zone("daily", 2, Duration::from_secs(86_400), "Pacific/Auckland").expect("rule");
+    let limiters = [
+        common::limiter([rule.clone()]).redis(&server).build(),
+        common::limiter([rule]).build(),
+    ];
+    for limiter in limiters {
+        for _ in 0..2 {
+            assert!(limiter.check("daily", "u", 1).await.expect("check").allowed);
+        }
+        let d = limiter.check("daily", "u", 1).await.expect("check");
+        let now = jiff::Timestamp::now().in_tz("Pacific/Auckland").expect("zone");
+        let midnight = now.tomorrow().and_then(|t| t.start_of_day()).expect("midnight");
+        let until = Duration::try_from(now.duration_until(&midnight)).expect("positive");
+        assert!(!d.allowed);
+        // 10 s of slack for a slow machine, no more.
+        for got in [d.retry_after, d.reset_after] {
+            assert!(
+                got.abs_diff(until) < Duration::from_secs(10),
+                "{got:?} vs {until:?}: {d:?}"
+            );
+        }
+    }
 }
