@@ -11,12 +11,16 @@
 -- ARGV[4]  ban_ms     after a refusal, refuse the key this long (0 = no ban)
 -- ARGV[5]  align_ms   -1: rolling, the first hit opens the window; ≥ 0: calendar windows start where
 --                     (now_ms + align_ms) is a multiple of window_ms (local midnight in UTC+08:00: 86400000, 28800000);
---                     -2: a time zone's calendar windows, whose lengths vary (a 23- or 25-hour day): ARGV[6..9] follow
--- ARGV[6..9] b0 < b1 < b2 < b3, only with align_ms = -2: the boundaries in ms of three windows in a row, [b0, b1),
---                     [b1, b2), [b2, b3), as the client's tz database cuts them around the client's clock (src/rule/zone.rs);
---                     the window holding now_ms is used, so the Redis server's clock still decides, and a clock
---                     skew of up to a window between client and server changes nothing; outside [b0, b3) an error
--- ARGV[6]  now_ms     optional (ARGV[10] with align_ms = -2); when absent the Redis server's TIME is used
+--                     -2: a time zone's calendar windows, whose lengths vary (a 23- or 25-hour day): ARGV[6] to
+--                     ARGV[9] are b0 < b1 < b2 < b3, the boundaries in ms of three windows in a row [b0, b1),
+--                     [b1, b2), [b2, b3), as the client's tz database cuts them around the client's clock
+--                     (src/rule/zone.rs); the window holding now_ms is used, so the Redis server's clock still
+--                     decides and a clock skew below a window changes nothing; outside [b0, b3) an error
+-- ARGV[6]  now_ms     optional; when absent the Redis server's TIME is used (with align_ms = -2: b0)
+-- ARGV[7]  b1         only with align_ms = -2
+-- ARGV[8]  b2         only with align_ms = -2
+-- ARGV[9]  b3         only with align_ms = -2
+-- ARGV[10] now_ms     only with align_ms = -2: optional, as ARGV[6] without it
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         tokens: cost or 0

