@@ -35,27 +35,32 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
-/// `name` as a structured-field string (RFC 8941 §3.3.3): printable ASCII, `"` and `\` escaped, anything
-/// else replaced by `_`.
-fn sf_string(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 2);
-    out.push('"');
+/// Appends `name` to `out` as a structured-field string (RFC 8941 §3.3.3): printable ASCII, `"` and `\`
+/// escaped, anything else replaced by `_`.
+fn push_sf_string(out: &mut Vec<u8>, name: &str) {
+    out.push(b'"');
     for c in name.chars() {
         match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
+            '"' | '\\' => out.extend_from_slice(&[b'\\', c as u8]),
+            // Printable ASCII: one byte.
+            ' '..='~' => out.push(c as u8),
+            _ => out.push(b'_'),
         }
     }
-    out.push('"');
-    out
+    out.push(b'"');
 }
 
 /// The largest integer of a structured field (RFC 8941 §3.3.1: at most 15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// Appends the parameter `;{key}={n}` to `out`, `n` capped at [`SF_INTEGER_MAX`] (itoa, no `format!`: this runs
+/// on every answered request).
+fn push_param(out: &mut Vec<u8>, key: &[u8], n: u64) {
+    out.push(b';');
+    out.extend_from_slice(key);
+    out.push(b'=');
+    out.extend_from_slice(itoa::Buffer::new().format(n.min(SF_INTEGER_MAX)).as_bytes());
+}
 
 /// Writes the headers of `decision` under rule `rule` into `headers`: `RateLimit-Policy` (when the quota is
 /// known), `RateLimit` (remaining tokens `r`, seconds `t` until the full quota is back) and, on a refusal that
@@ -67,23 +72,26 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 /// leased tokens for one made locally (`Source::Local`). A decision made by `fail_mode` (`Source::Fallback`)
 /// knows nothing of the shared bucket, so it writes no `RateLimit` field.
 pub fn insert_headers(headers: &mut HeaderMap, rule: &str, quota: Option<Quota>, decision: &Decision) {
-    let id = sf_string(rule);
-    let int = |n: u64| n.min(SF_INTEGER_MAX);
+    // One buffer for both fields; each value is copied out of it once.
+    let mut field = Vec::with_capacity(rule.len() + 48);
     if let Some(quota) = quota {
-        let mut policy = format!("{id};q={}", int(quota.limit));
+        push_sf_string(&mut field, rule);
+        push_param(&mut field, b"q", quota.limit);
         if let Some(window) = quota.window {
-            policy.push_str(&format!(";w={}", int(ceil_secs(window).max(1))));
+            push_param(&mut field, b"w", ceil_secs(window).max(1));
         }
-        if let Ok(v) = HeaderValue::from_str(&policy) {
+        if let Ok(v) = HeaderValue::from_bytes(&field) {
             headers.append(RATELIMIT_POLICY, v);
         }
     }
     if decision.source != crate::Source::Fallback {
-        let mut state = format!("{id};r={}", int(decision.remaining));
+        field.clear();
+        push_sf_string(&mut field, rule);
+        push_param(&mut field, b"r", decision.remaining);
         if decision.reset_after != Duration::MAX {
-            state.push_str(&format!(";t={}", int(ceil_secs(decision.reset_after))));
+            push_param(&mut field, b"t", ceil_secs(decision.reset_after));
         }
-        if let Ok(v) = HeaderValue::from_str(&state) {
+        if let Ok(v) = HeaderValue::from_bytes(&field) {
             headers.append(RATELIMIT, v);
         }
     }
@@ -128,8 +136,9 @@ pub fn error_response(status: StatusCode, message: &str) -> Response<Body> {
 }
 
 /// A response with `status` and `body` as JSON (`Content-Type: application/json`).
-pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
-    let mut response = Response::new(Body::from(body.to_string()));
+pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Body> {
+    // Serializing a map of strings and numbers cannot fail; an empty body would be the answer if it did.
+    let mut response = Response::new(Body::from(serde_json::to_vec(body).unwrap_or_default()));
     *response.status_mut() = status;
     response
         .headers_mut()

@@ -2,6 +2,7 @@
 //!
 //! Thin by design: everything it does goes through the library's `Limiter`.
 
+mod answer;
 mod connections;
 mod flash_sale;
 mod grpc;

@@ -263,17 +263,7 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Response {
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    let mut response = json_response(
-        status,
-        &json!({
-            "allowed": decision.allowed,
-            "remaining": decision.remaining,
-            "retry_after_ms": ms(decision.retry_after),
-            "reset_after_ms": ms(decision.reset_after),
-            "source": decision.source.as_str(),
-            "shadowed": decision.shadowed,
-        }),
-    );
+    let mut response = json_response(status, &crate::answer::Checked::of(&decision));
     insert_decision_headers(response.headers_mut(), &state.limiter, &ask.rule, &ask.key, &decision);
     response
 }
