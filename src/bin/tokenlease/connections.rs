@@ -129,22 +129,31 @@ impl Drop for Serving {
 /// A connection that reads as closed once it has waited `idle` for a request without receiving a byte of it:
 /// the keep-alive timeout hyper lacks. The wait starts when the connection is accepted and when a response is
 /// written; a byte read ends it; it never ends a connection with a request being served.
+///
+/// Its timer is moved lazily: a response written only notes the time, and a timer that fires before the wait it
+/// was set for has lasted `idle` is set again for the end of the wait (tokio's own advice for deadlines that move
+/// often; moving the timer on every response cost a timer-wheel removal and insertion per request).
 struct IdleTimeout<T> {
     io: T,
     idle: Duration,
     /// Whether the connection waits for a request (no byte of it read yet).
     waiting: bool,
+    /// When the current wait started.
+    since: Instant,
+    /// Fires no later than `since + idle`.
     deadline: Pin<Box<Sleep>>,
     busy: Busy,
 }
 
 impl<T> IdleTimeout<T> {
     fn new(io: T, idle: Duration, busy: Busy) -> Self {
+        let since = Instant::now();
         Self {
             io,
             idle,
             waiting: true,
-            deadline: Box::pin(tokio::time::sleep(idle)),
+            since,
+            deadline: Box::pin(tokio::time::sleep_until(since + idle)),
             busy,
         }
     }
@@ -152,7 +161,20 @@ impl<T> IdleTimeout<T> {
     /// A response was written: the connection waits for the next request from now.
     fn wait_again(&mut self) {
         self.waiting = true;
-        self.deadline.as_mut().reset(Instant::now() + self.idle);
+        self.since = Instant::now();
+    }
+
+    /// Ready once the current wait has lasted `idle`; a timer that fires earlier (it was set for an earlier
+    /// wait) is set again for the end of this one.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let end = self.since + self.idle;
+        while self.deadline.as_mut().poll(cx).is_ready() {
+            if self.deadline.deadline() >= end {
+                return Poll::Ready(());
+            }
+            self.deadline.as_mut().reset(end);
+        }
+        Poll::Pending
     }
 }
 
@@ -165,7 +187,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
                 this.waiting = false;
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending if this.waiting && this.busy.is_idle() => match this.deadline.as_mut().poll(cx) {
+            Poll::Pending if this.waiting && this.busy.is_idle() => match this.poll_idle(cx) {
                 // Nothing read into `buf`: the end of the stream.
                 Poll::Ready(()) => Poll::Ready(Ok(())),
                 Poll::Pending => Poll::Pending,
