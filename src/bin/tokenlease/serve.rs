@@ -120,7 +120,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .route("/healthz", get(readyz))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(RequestBodyLimitLayer::new(max_body))
-        .with_state(state);
+        .with_state(state.clone());
     // Signals are caught from before the socket is bound: none can kill the process with its default action.
     let watch = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
     let (terminate, interrupt, hangup) = (
@@ -158,7 +158,12 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     tokio::spawn(stop_on_signal(terminate, interrupt, stop.clone()));
     background.close();
 
-    let server = crate::connections::serve(listener, app, connections, max_connections, stop.clone());
+    let hot = crate::connections::HotRoute {
+        path: "/v1/check",
+        max_body,
+        handler: move |body| check(State(state.clone()), body),
+    };
+    let server = crate::connections::serve(listener, app, hot, connections, max_connections, stop.clone());
     let grpc = async {
         if let Some(grpc) = grpc_listener {
             let rls = crate::rls::Rls::new(limiter.clone(), routes);
