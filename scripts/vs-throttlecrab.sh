@@ -10,22 +10,32 @@ secs="${1:-10}"
 for tool in redis-server wrk throttlecrab-server; do
   command -v "$tool" >/dev/null || { echo "needs $tool (see the comment at the top of $0)" >&2; exit 2; }
 done
-cargo build --release --quiet
+cargo build --release --quiet --bin tokenlease
+bin="${CARGO_TARGET_DIR:-target}/release/tokenlease"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 dir=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; [ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null; rm -rf "$dir"' EXIT
 wait_for() { for _ in $(seq 100); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer at $1" >&2; exit 1; }
-load() { # name url script [RULE]
+# The server's CPU time (user + system, in clock ticks) from /proc: wall-clock requests/s depend on what else
+# runs on the machine, the server's CPU per request much less.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+load() { # name url script pid [RULE]
   echo "== $1: wrk -t2 -c64 -d${secs}s"
-  RULE="${4:-}" wrk -t2 -c64 -d"${secs}s" --latency -s "$3" "$2" | grep -E "Requests/sec|^ +(50|99)%|Non-2xx"
+  local before after out
+  before=$(cpu_ticks "$4")
+  out=$(RULE="${5:-}" wrk -t2 -c64 -d"${secs}s" --latency -s "$3" "$2")
+  after=$(cpu_ticks "$4")
+  grep -E "Requests/sec|^ +(50|99)%|Non-2xx" <<<"$out"
+  grep -oE '^ +[0-9]+ requests' <<<"$out" | awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" \
+    '{printf "   server CPU per request: %.1f µs (user + system)\n", t / hz * 1e6 / $1}'
 }
 
 crab_port=$(free_port)
 throttlecrab-server --http --http-host 127.0.0.1 --http-port "$crab_port" >"$dir/crab.log" 2>&1 &
 pids+=($!)
 wait_for "http://127.0.0.1:$crab_port/health"
-load "throttlecrab-server --http" "http://127.0.0.1:$crab_port/throttle" scripts/wrk-throttlecrab.lua
+load "throttlecrab-server --http" "http://127.0.0.1:$crab_port/throttle" scripts/wrk-throttlecrab.lua "${pids[0]}"
 kill "${pids[@]}"; pids=()
 sleep 1
 
@@ -38,10 +48,10 @@ per = "1s"
 lease = { min_batch = 10, max_batch = 500, ttl = "200ms" }'
 http_port=$(free_port)
 printf '%s\n' "$rule" > "$dir/memory.toml"
-target/release/tokenlease serve --config "$dir/memory.toml" --listen "127.0.0.1:$http_port" 2>"$dir/serve.log" &
+"$bin" serve --config "$dir/memory.toml" --listen "127.0.0.1:$http_port" 2>"$dir/serve.log" &
 pids+=($!)
 wait_for "http://127.0.0.1:$http_port/healthz"
-load "tokenlease serve, in-process store" "http://127.0.0.1:$http_port/v1/check" scripts/wrk-check.lua sku_buy
+load "tokenlease serve, in-process store" "http://127.0.0.1:$http_port/v1/check" scripts/wrk-check.lua "${pids[0]}" sku_buy
 kill "${pids[@]}"; pids=()
 sleep 1
 
@@ -51,8 +61,8 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --d
 printf '[redis]\nurl = "redis://127.0.0.1:%s"\ntimeout = "50ms"\nexpected_processes = 1\n\n%s\n' "$redis_port" "$rule" \
   > "$dir/redis.toml"
 http_port=$(free_port)
-target/release/tokenlease serve --config "$dir/redis.toml" --listen "127.0.0.1:$http_port" 2>"$dir/serve.log" &
+"$bin" serve --config "$dir/redis.toml" --listen "127.0.0.1:$http_port" 2>"$dir/serve.log" &
 pids+=($!)
 wait_for "http://127.0.0.1:$http_port/healthz"
-load "tokenlease serve, leased from Redis" "http://127.0.0.1:$http_port/v1/check" scripts/wrk-check.lua sku_buy
+load "tokenlease serve, leased from Redis" "http://127.0.0.1:$http_port/v1/check" scripts/wrk-check.lua "${pids[0]}" sku_buy
 echo "   redis script calls: $(redis-cli -p "$redis_port" INFO commandstats | grep -oE 'cmdstat_evalsha:calls=[0-9]+')"
