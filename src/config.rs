@@ -14,6 +14,7 @@ mod redact;
 mod redis;
 mod rls;
 mod window;
+mod tls;
 
 pub(crate) use self::redact::redact_text;
 pub use self::redact::redact_url;

@@ -14,13 +14,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenlease::{Config, Limiter, Source};
+use common::tls::Certs;
+use common::Tls;
+use tokenlease::{Config, Limiter, RedisStore, Rule, Source};
 
 /// A Redis Cluster on free loopback ports; killed on drop.
 struct RedisCluster {
     ports: Vec<u16>,
     children: Vec<Option<Child>>,
     _dir: tempfile::TempDir,
+    /// TLS only, between clients and nodes and on the cluster bus, when set.
+    tls: Option<Certs>,
 }
 
 /// A port that is free, and whose cluster bus port (+10000) is free too; a process-wide counter keeps tests
@@ -39,43 +43,48 @@ fn cluster_port(taken: &[u16]) -> u16 {
     panic!("no free pair of ports for a cluster node");
 }
 
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 impl RedisCluster {
     /// Masters only, whose nodes are declared failing after 5 s.
     fn start(masters: usize) -> Self {
         Self::start_with(masters, 0, 5000)
     }
 
+    /// Masters only, serving TLS only (`--port 0`, `tls-cluster yes`) with `certs`.
+    fn start_tls(masters: usize, certs: &Certs) -> Self {
+        Self::start_nodes(masters, 0, 5000, Some(certs.clone()))
+    }
+
     /// `masters` masters with `replicas` replicas each, whose nodes are declared failing after `node_timeout_ms`
     /// (a replica is promoted soon after its master fails for that long).
     fn start_with(masters: usize, replicas: usize, node_timeout_ms: u32) -> Self {
+        Self::start_nodes(masters, replicas, node_timeout_ms, None)
+    }
+
+    fn start_nodes(masters: usize, replicas: usize, node_timeout_ms: u32, tls: Option<Certs>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut ports = Vec::new();
         let mut children = Vec::new();
+        let server_tls = tls.as_ref().map(|c| c.server(false));
         for _ in 0..masters * (1 + replicas) {
             let port = cluster_port(&ports);
             ports.push(port);
-            children.push(Some(spawn_node(dir.path(), port, node_timeout_ms)));
+            children.push(Some(spawn_node(dir.path(), port, node_timeout_ms, server_tls.as_ref())));
         }
         let cluster = Self {
             ports,
             children,
             _dir: dir,
+            tls,
         };
         for &port in &cluster.ports {
-            let up = wait_for(Duration::from_secs(10), || cli(port, &["PING"]).contains("PONG"));
+            let up = wait_for(Duration::from_secs(10), || {
+                cluster.cli(port, &["PING"]).contains("PONG")
+            });
             assert!(up, "cluster node {port} did not start");
         }
         let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
+            .args(cluster.cli_tls())
             .args(["--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
@@ -90,12 +99,12 @@ impl RedisCluster {
             cluster
                 .ports
                 .iter()
-                .all(|&p| cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                .all(|&p| cluster.cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
         });
         assert!(ok, "the cluster did not reach cluster_state:ok");
         let synced = wait_for(Duration::from_secs(20), || {
             cluster.ports.iter().all(|&p| {
-                let info = cli(p, &["INFO", "replication"]);
+                let info = cluster.cli(p, &["INFO", "replication"]);
                 info.contains("role:master") || info.contains("master_link_status:up")
             })
         });
@@ -103,11 +112,33 @@ impl RedisCluster {
         cluster
     }
 
+    /// The arguments of `redis-cli` to reach the nodes (`--tls ...` when they serve TLS).
+    fn cli_tls(&self) -> Vec<String> {
+        self.tls.as_ref().map(|c| c.server(false).cli).unwrap_or_default()
+    }
+
+    /// Runs `redis-cli` against the node on `port` and returns what it printed.
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(self.cli_tls())
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `redis://127.0.0.1:port` (`rediss://` over TLS) of each node.
+    fn urls(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        self.ports.iter().map(|p| format!("{scheme}://127.0.0.1:{p}")).collect()
+    }
+
     /// Ports of the nodes that are masters now.
     fn masters(&self) -> Vec<u16> {
         let alive = self.ports.iter().zip(&self.children).filter(|(_, c)| c.is_some());
         alive
-            .filter(|(&p, _)| cli(p, &["ROLE"]).starts_with("master"))
+            .filter(|(&p, _)| self.cli(p, &["ROLE"]).starts_with("master"))
             .map(|(&p, _)| p)
             .collect()
     }
@@ -130,24 +161,21 @@ impl RedisCluster {
     }
 
     fn config_with_timeout(&self, rules: &str, timeout: &str) -> Config {
-        let nodes: Vec<String> = self
-            .ports
-            .iter()
-            .map(|p| format!("\"redis://127.0.0.1:{p}\""))
-            .collect();
+        let nodes: Vec<String> = self.urls().iter().map(|u| format!("{u:?}")).collect();
+        let tls = self.tls.as_ref().map(|c| c.toml(false)).unwrap_or_default();
         let toml = format!(
-            "[redis]\ncluster = [{}]\ntimeout = \"{timeout}\"\nfail_mode = \"closed\"\nexpected_processes = 1\n{rules}",
+            "[redis]\ncluster = [{}]\n{tls}timeout = \"{timeout}\"\nfail_mode = \"closed\"\nexpected_processes = 1\n{rules}",
             nodes.join(", ")
         );
         Config::from_toml(&toml).expect("cluster config")
     }
 
     fn keys_on(&self, port: u16) -> u64 {
-        cli(port, &["DBSIZE"]).trim().parse().unwrap_or(0)
+        self.cli(port, &["DBSIZE"]).trim().parse().unwrap_or(0)
     }
 
     fn node_id(&self, port: u16) -> String {
-        cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
+        self.cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
     }
 
     /// Moves `slots` hash slots from the node on `from` to the node on `to`, keys included (MIGRATE).
@@ -161,9 +189,19 @@ impl RedisCluster {
     }
 }
 
-fn spawn_node(dir: &Path, port: u16, node_timeout_ms: u32) -> Child {
+/// A cluster node on `port` (its bus on `port + 10000`), serving TLS only when `tls` is given.
+fn spawn_node(dir: &Path, port: u16, node_timeout_ms: u32, tls: Option<&Tls>) -> Child {
+    let port = port.to_string();
+    let listen = match tls {
+        None => vec!["--port".to_owned(), port.clone()],
+        Some(tls) => {
+            let tls_only = ["--port", "0", "--tls-port", &port, "--tls-cluster", "yes"];
+            [tls_only.map(String::from).to_vec(), tls.args()].concat()
+        }
+    };
     Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(listen)
+        .args(["--bind", "127.0.0.1"])
         .args([
             "--cluster-enabled",
             "yes",
@@ -425,4 +463,59 @@ async fn a_master_killed_mid_run_is_replaced_by_its_replica() {
         back_ms.saturating_sub(promoted_ms)
     );
     limiter.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_over_tls_decides_exactly_on_every_master() {
+    let certs = Certs::generate();
+    let cluster = RedisCluster::start_tls(3, &certs);
+    let limiter = Limiter::from_config(cluster.config(RULES)).expect("limiter");
+    let users: Vec<String> = (0..20).map(|i| format!("user:{i}")).collect();
+    let allowed = admitted(&limiter, "like", &users, 7).await;
+    for user in &users {
+        assert_eq!(allowed[user], 5, "like {user}");
+    }
+    for port in cluster.masters() {
+        assert!(cluster.keys_on(port) > 0, "no key on the master on {port}");
+    }
+}
+
+/// A limiter over `store` with one fixed window of 5 an hour.
+fn limiter_on(store: RedisStore) -> Limiter {
+    Limiter::builder()
+        .rules([Rule::fixed_window("like", 5, Duration::from_secs(3600)).expect("rule")])
+        .store(Arc::new(store))
+        .build()
+        .expect("limiter")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_your_own_cluster_client_or_connection_decides_exactly() {
+    let cluster = RedisCluster::start(3);
+    let client = redis::cluster::ClusterClient::builder(cluster.urls())
+        .response_timeout(Duration::from_secs(20))
+        .build()
+        .expect("cluster client");
+    let connection = client.get_async_connection().await.expect("cluster connection");
+    let stores = [
+        (
+            "client",
+            RedisStore::from_cluster_client(client, Duration::from_secs(2)).expect("store"),
+        ),
+        (
+            "connection",
+            RedisStore::from_cluster_connection(connection, Duration::from_secs(2)),
+        ),
+    ];
+    for (made_from, store) in stores {
+        let limiter = limiter_on(store);
+        let users: Vec<String> = (0..20).map(|i| format!("{made_from}:{i}")).collect();
+        let allowed = admitted(&limiter, "like", &users, 7).await;
+        for user in &users {
+            assert_eq!(allowed[user], 5, "{made_from}: like {user}");
+        }
+    }
+    for port in cluster.masters() {
+        assert!(cluster.keys_on(port) > 0, "no key on the master on {port}");
+    }
 }

@@ -1,7 +1,8 @@
 //! `[redis]` of config.toml: where the store is (one server's `url`, a `cluster`'s nodes, or the `sentinel`s
-//! naming the master), its keys, timeout, fail mode and eviction check, and their checks (the builder uses
-//! those of the key prefix and of the number of processes too). A reload may change only `fail_mode`.
+//! naming the master), TLS (`tls.rs`), its keys, timeout, fail mode and eviction check, and their checks (the
+//! builder uses those of the key prefix and of the number of processes too). A reload may change only `fail_mode`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -23,6 +24,18 @@ pub struct RedisConfig {
     /// The Sentinel deployment whose master is the store; `None` otherwise.
     #[serde(default)]
     pub sentinel: Option<SentinelConfig>,
+    /// PEM file of the certificate authorities that sign the servers' certificates, for `rediss://` URLs (the
+    /// server, the cluster's nodes, or the Sentinels and the master they name); unset, the system's roots are
+    /// trusted. A relative path is taken from the working directory.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate (and its chain) that `rediss://` connections present, for a Redis
+    /// with `tls-auth-clients yes`; set with `tls_key_file`.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (PKCS#8, PKCS#1 or SEC1); set with `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
     /// Refuse to start on a Redis whose `maxmemory-policy` may evict limiter keys (`allkeys-*`, `volatile-*`):
     /// an evicted bucket comes back full. Default `false`: a warning and `tokenlease_redis_eviction_unsafe`.
     #[serde(default)]
@@ -65,6 +78,9 @@ impl std::fmt::Debug for RedisConfig {
             url,
             cluster,
             sentinel,
+            tls_ca_file,
+            tls_cert_file,
+            tls_key_file,
             require_noeviction,
             key_prefix,
             timeout,
@@ -75,6 +91,9 @@ impl std::fmt::Debug for RedisConfig {
             .field("url", &redact_url(url))
             .field("cluster", &redacted(cluster))
             .field("sentinel", sentinel)
+            .field("tls_ca_file", tls_ca_file)
+            .field("tls_cert_file", tls_cert_file)
+            .field("tls_key_file", tls_key_file)
             .field("require_noeviction", require_noeviction)
             .field("key_prefix", key_prefix)
             .field("timeout", timeout)
@@ -95,13 +114,15 @@ impl std::fmt::Debug for SentinelConfig {
 }
 
 impl RedisConfig {
-    /// Checks the section: exactly one of `url`, `cluster` and `sentinel`, redis:// URLs, a timeout above zero
-    /// and at most 60 s, a key prefix and a number of processes in range.
+    /// Checks the section: exactly one of `url`, `cluster` and `sentinel`, redis:// URLs, TLS files that read
+    /// and parse (`tls.rs`), a timeout above zero and at most 60 s, a key prefix and a number of processes in
+    /// range.
     ///
     /// # Errors
     /// The field out of range and why.
     pub(super) fn validate(&self) -> Result<(), FieldError> {
         check_servers(self)?;
+        self.check_tls()?;
         if self.timeout > Duration::from_secs(60) {
             return Err((
                 "timeout",
@@ -113,6 +134,15 @@ impl RedisConfig {
         }
         check_expected_processes(self.expected_processes)?;
         check_key_prefix(&self.key_prefix)
+    }
+
+    /// The URLs the store connects to (the server's, the cluster's nodes, or the Sentinels), and their field.
+    pub(super) fn urls(&self) -> (&'static str, Vec<&String>) {
+        match &self.sentinel {
+            Some(s) => ("sentinel.nodes", s.nodes.iter().collect()),
+            None if self.cluster.is_empty() => ("url", vec![&self.url]),
+            None => ("cluster", self.cluster.iter().collect()),
+        }
     }
 
     /// Whether `other` reaches the same store the same way (servers, key prefix, timeout, expected processes,
@@ -180,20 +210,16 @@ fn check_servers(r: &RedisConfig) -> Result<(), FieldError> {
             return Err((first, why));
         }
     }
-    let (field, urls): (&'static str, Vec<&String>) = match &r.sentinel {
-        Some(s) => {
-            if s.master_name.is_empty() {
-                return Err(("sentinel.master_name", "must not be empty".into()));
-            }
-            if s.nodes.is_empty() {
-                let why = "must list at least one Sentinel's redis:// URL";
-                return Err(("sentinel.nodes", why.into()));
-            }
-            ("sentinel.nodes", s.nodes.iter().collect())
+    if let Some(s) = &r.sentinel {
+        if s.master_name.is_empty() {
+            return Err(("sentinel.master_name", "must not be empty".into()));
         }
-        None if r.cluster.is_empty() => ("url", vec![&r.url]),
-        None => ("cluster", r.cluster.iter().collect()),
-    };
+        if s.nodes.is_empty() {
+            let why = "must list at least one Sentinel's redis:// URL";
+            return Err(("sentinel.nodes", why.into()));
+        }
+    }
+    let (field, urls) = r.urls();
     match urls.into_iter().find(|url| ::redis::parse_redis_url(url).is_none()) {
         Some(url) => Err((field, format!("`{}` is not a redis:// URL", redact_url(url)))),
         None => Ok(()),

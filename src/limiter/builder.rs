@@ -213,8 +213,8 @@ impl Limiter {
     /// evict limiter keys; with `[redis] require_noeviction = true` it is read here, before anything starts.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when called outside a tokio runtime with `[redis]` set, or the Redis URL is
-    /// malformed; with `require_noeviction`, [`Error::EvictionPolicy`] naming a server whose `maxmemory-policy`
+    /// [`Error::InvalidArgument`] when called outside a tokio runtime with `[redis]` set, the Redis URL is
+    /// malformed, or a `[redis] tls_*` file can no longer be read or parsed; with `require_noeviction`, [`Error::EvictionPolicy`] naming a server whose `maxmemory-policy`
     /// may evict limiter keys, or [`Error::Store`] when a server cannot be reached to read it (a server that
     /// refuses `CONFIG` only gives a warning); see also [`LimiterBuilder::build`].
     pub fn from_config(config: Config) -> Result<Self, Error> {
@@ -229,11 +229,7 @@ impl Limiter {
             if redis.require_noeviction {
                 eviction::require_noeviction(&redis)?;
             }
-            let store = match &redis.sentinel {
-                Some(s) => RedisStore::connect_sentinel(&s.master_name, &s.nodes, redis.timeout)?,
-                None if redis.cluster.is_empty() => RedisStore::connect(&redis.url, redis.timeout)?,
-                None => RedisStore::connect_cluster(&redis.cluster, redis.timeout)?,
-            };
+            let store = RedisStore::from_redis_config(&redis)?;
             builder = builder
                 .store(Arc::new(store))
                 .key_prefix(redis.key_prefix.clone())

@@ -162,15 +162,19 @@ pub(crate) fn require_noeviction(redis: &RedisConfig) -> Result<(), Error> {
 /// The servers of `redis`, each read and checked.
 async fn check_servers(redis: &RedisConfig, timeout: Duration) -> Result<(), Error> {
     let mut servers = Vec::new();
+    let tls = redis
+        .tls_certificates()
+        .map_err(|(field, why)| io_error(format!("`{field}` {why}")))?;
+    let tls = tls.as_ref();
     if let Some(sentinel) = &redis.sentinel {
-        let master = super::connect::resolve_master(&sentinel.nodes, &sentinel.master_name, timeout).await;
+        let master = super::connect::resolve_master(&sentinel.nodes, &sentinel.master_name, tls, timeout).await;
         servers.push(master.map_err(|e| io_error(format!("cannot find the master through Sentinel: {e}")))?);
     }
     for url in std::iter::once(&redis.url)
         .filter(|u| !u.is_empty())
         .chain(&redis.cluster)
     {
-        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+        let info = super::connect::connection_info(url, tls)
             .map_err(|e| io_error(format!("`{}`: {e}", crate::config::redact_url(url))))?;
         servers.push(info);
     }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::TlsCertificates;
 use tokio::sync::watch;
 
 use super::call::{Arg, Call, Script};
@@ -17,7 +18,9 @@ use super::connect::{self, tcp_settings, Single, Target};
 use super::eviction::EvictionWatch;
 use super::{BoxFuture, Store};
 use crate::algorithm::Reply;
+use crate::config::RedisConfig;
 use crate::decision::Source;
+use crate::error::Error;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::ScriptMetrics;
 
@@ -104,8 +107,9 @@ fn connect_error(message: String, source: Option<redis::RedisError>) -> StoreErr
     }
 }
 
-/// The running tokio runtime.
+/// The running tokio runtime (and rustls's crypto provider installed, for `rediss://`).
 fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
+    connect::install_crypto_provider();
     tokio::runtime::Handle::try_current()
         .map_err(|_| connect_error("a Redis store must be created inside a tokio runtime".into(), None))
 }
@@ -123,13 +127,32 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError`] of kind `Other` when the URL is malformed or no tokio runtime is running.
     pub fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        Self::connect_url(url, timeout, None)
+    }
+
+    /// A store for `[redis]` of a validated configuration: its server (`url`), cluster or Sentinels, over TLS
+    /// with its `tls_*` files for `rediss://` URLs, whose every call gives up after its `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the `tls_*` file that can no longer be read or parsed; [`StoreError`]
+    /// as [`Self::connect`] and the others.
+    pub(crate) fn from_redis_config(redis: &RedisConfig) -> Result<Self, Error> {
+        let tls = redis
+            .tls_certificates()
+            .map_err(|(name, reason)| Error::InvalidArgument { name, reason })?;
+        let tls = tls.as_ref();
+        Ok(match &redis.sentinel {
+            Some(s) => Self::sentinel(&s.master_name, &s.nodes, redis.timeout, tls)?,
+            None if redis.cluster.is_empty() => Self::connect_url(&redis.url, redis.timeout, tls)?,
+            None => Self::cluster(&redis.cluster, redis.timeout, tls)?,
+        })
+    }
+
+    fn connect_url(url: &str, timeout: Duration, tls: Option<&TlsCertificates>) -> Result<Self, StoreError> {
         let runtime = runtime()?;
         let err = |e: redis::RedisError| connect_error(e.to_string(), Some(e));
-        let info = redis::IntoConnectionInfo::into_connection_info(url)
-            .map_err(err)?
-            .set_tcp_settings(tcp_settings());
-        let client = redis::Client::open(info).map_err(err)?;
-        Ok(Self::single(&runtime, Target::Url(client), timeout))
+        let client = redis::Client::open(connect::connection_info(url, tls).map_err(err)?).map_err(err)?;
+        Ok(Self::single(&runtime, Target::Url(Box::new(client)), timeout))
     }
 
     /// A store for the master that the Redis Sentinels at `nodes` (`redis://host:port` of the Sentinels) monitor
@@ -140,8 +163,17 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError`] of kind `Other` when `nodes` is empty, a URL is malformed, or no tokio runtime is running.
     pub fn connect_sentinel(master_name: &str, nodes: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        Self::sentinel(master_name, nodes, timeout, None)
+    }
+
+    fn sentinel(
+        master_name: &str,
+        nodes: &[String],
+        timeout: Duration,
+        tls: Option<&TlsCertificates>,
+    ) -> Result<Self, StoreError> {
         let runtime = runtime()?;
-        let target = Target::sentinel(nodes, master_name).map_err(|e| connect_error(e.to_string(), Some(e)))?;
+        let target = Target::sentinel(nodes, master_name, tls).map_err(|e| connect_error(e.to_string(), Some(e)))?;
         Ok(Self::single(&runtime, target, timeout))
     }
 
@@ -167,8 +199,16 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError`] of kind `Other` when `nodes` is empty, a URL is malformed, or no tokio runtime is running.
     pub fn connect_cluster(nodes: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        Self::cluster(nodes, timeout, None)
+    }
+
+    fn cluster(nodes: &[String], timeout: Duration, tls: Option<&TlsCertificates>) -> Result<Self, StoreError> {
         let runtime = runtime()?;
-        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+        let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str));
+        if let Some(certs) = tls {
+            builder = builder.certs(certs.clone());
+        }
+        let client = builder
             .connection_timeout(timeout.max(Duration::from_millis(100)))
             // As for one server: the longest a lease may wait; calls have their own, shorter, timeouts.
             .response_timeout(timeout.saturating_mul(10).max(Duration::from_millis(100)))
@@ -179,12 +219,71 @@ impl RedisStore {
             .map_err(|e| connect_error(e.to_string(), Some(e)))?;
         let infos = nodes
             .iter()
-            .map(|n| redis::IntoConnectionInfo::into_connection_info(n.as_str()))
+            .map(|n| connect::connection_info(n, tls))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| connect_error(e.to_string(), Some(e)))?;
         let eviction = Arc::new(EvictionWatch::default());
         let conn = connect::spawn_cluster(&runtime, client, infos, attempt(timeout), eviction.clone());
         Ok(Self::with_conn(Conn::Cluster(conn), timeout, eviction))
+    }
+
+    /// A store on the server of your own `client` (`redis::Client::open`, or `redis::Client::build_with_tls`
+    /// for TLS with certificates of your own), whose every call gives up after `timeout`. It is used as
+    /// [`Self::connect`] uses the client it makes from a URL: its connection info (address, TLS, credentials,
+    /// database, TCP settings) is yours; the store makes its own `ConnectionManager` from it, lazily, with a
+    /// connection timeout of `timeout` (at least 100 ms), a response timeout of ten `timeout`s and one retry,
+    /// connects again when the server refuses writes (`READONLY`), and reads its `maxmemory-policy` at each
+    /// connection. Scripts need no loading: each call is an `EVALSHA`, and an `EVAL` on `NOSCRIPT`. Needs a
+    /// tokio runtime.
+    ///
+    /// # Errors
+    /// [`StoreError`] of kind `Other` when no tokio runtime is running.
+    pub fn from_client(client: redis::Client, timeout: Duration) -> Result<Self, StoreError> {
+        let runtime = runtime()?;
+        Ok(Self::single(&runtime, Target::Url(Box::new(client)), timeout))
+    }
+
+    /// A store on your own `manager`, whose every call gives up after `timeout` (the store's own timer around
+    /// each call, whatever the manager's settings). The manager's connection timeout, response timeout and
+    /// retries are yours: keep its response timeout longer than `timeout` (the store's own is ten times
+    /// longer), since a response cut short after Redis granted a lease strands the lease's tokens until its
+    /// `ttl`. The manager reconnects by itself to the address it was made for; unlike the other constructors,
+    /// the store does not connect again after `READONLY` (a master demoted by a failover: use
+    /// [`Self::connect_sentinel`] behind Sentinel) and does not read the server's `maxmemory-policy`. Scripts
+    /// need no loading: each call is an `EVALSHA`, and an `EVAL` on `NOSCRIPT`.
+    pub fn from_connection_manager(manager: ConnectionManager, timeout: Duration) -> Self {
+        connect::install_crypto_provider();
+        let eviction = Arc::new(EvictionWatch::default());
+        Self::with_conn(Conn::Single(Single::fixed(manager)), timeout, eviction)
+    }
+
+    /// A store on the Redis Cluster of your own `client` (`ClusterClient::builder(nodes)...build()`, with
+    /// `.certs(...)` for TLS), whose every call gives up after `timeout`. As in [`Self::connect_cluster`], a
+    /// background task connects with it (so the cluster may be down at start), retrying with a back-off of
+    /// 50 ms to 2 s, each attempt bounded by ten `timeout`s (at least 1 s). The client's connection timeout,
+    /// response timeout and retries are yours: keep its response timeout longer than `timeout`
+    /// (`connect_cluster` sets ten times longer; see [`Self::from_connection_manager`] for why). The store does
+    /// not read the nodes' `maxmemory-policy` (the client does not say which nodes it was given). Needs a tokio
+    /// runtime.
+    ///
+    /// # Errors
+    /// [`StoreError`] of kind `Other` when no tokio runtime is running.
+    pub fn from_cluster_client(client: ClusterClient, timeout: Duration) -> Result<Self, StoreError> {
+        let runtime = runtime()?;
+        let eviction = Arc::new(EvictionWatch::default());
+        let conn = connect::spawn_cluster(&runtime, client, Vec::new(), attempt(timeout), eviction.clone());
+        Ok(Self::with_conn(Conn::Cluster(conn), timeout, eviction))
+    }
+
+    /// A store on your own Redis Cluster connection (`ClusterClient::get_async_connection`), whose every call
+    /// gives up after `timeout`. The connection's own timeouts and retries are yours, as for
+    /// [`Self::from_cluster_client`]; it follows `MOVED` and `ASK` and refreshes its slot map by itself. The
+    /// store does not read the nodes' `maxmemory-policy`.
+    pub fn from_cluster_connection(connection: ClusterConnection, timeout: Duration) -> Self {
+        connect::install_crypto_provider();
+        // `wait_for` sees the connection already there, so the sender may go at once.
+        let (_, conn) = watch::channel(Some(connection));
+        Self::with_conn(Conn::Cluster(conn), timeout, Arc::new(EvictionWatch::default()))
     }
 
     fn with_conn(conn: Conn, timeout: Duration, eviction: Arc<EvictionWatch>) -> Self {

@@ -5,23 +5,39 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::server::{free_port, redis_cli, wait_for, RedisServer};
+use super::server::{free_port, redis_cli_with, wait_for, RedisServer, Tls};
 
 /// A running `redis-sentinel` (quorum 1: it alone decides a failover).
 pub struct RedisSentinel {
     pub port: u16,
     child: Option<Child>,
     _dir: tempfile::TempDir,
+    /// TLS only, to clients and to the servers, when the master serves TLS.
+    tls: Option<Tls>,
 }
 
 impl RedisSentinel {
     /// Starts a Sentinel monitoring `master` as `name`, and waits until it knows `replicas` replicas of it.
+    /// When the master serves TLS, so does the Sentinel (only, with the same files), and it reaches the servers
+    /// over TLS (`tls-replication yes`).
     pub fn start(master: &RedisServer, name: &str, replicas: usize) -> Self {
         let port = free_port();
         let dir = tempfile::tempdir().expect("temp dir");
         let conf = dir.path().join("sentinel.conf");
+        let tls = master.tls().cloned();
+        let listen = match &tls {
+            None => format!("port {port}\n"),
+            Some(tls) => {
+                let settings = tls
+                    .settings
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}\n"))
+                    .collect::<String>();
+                format!("port 0\ntls-port {port}\n{settings}")
+            }
+        };
         let text = format!(
-            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+            "{listen}bind 127.0.0.1\ndaemonize no\ndir {dir}\n\
              sentinel monitor {name} 127.0.0.1 {master} 1\n\
              sentinel down-after-milliseconds {name} 500\n\
              sentinel failover-timeout {name} 2000\n\
@@ -35,6 +51,7 @@ impl RedisSentinel {
             port,
             child: Some(child),
             _dir: dir,
+            tls,
         };
         let known = wait_for(Duration::from_secs(20), || {
             let out = sentinel.cmd(&["SENTINEL", "replicas", name]).unwrap_or_default();
@@ -48,14 +65,15 @@ impl RedisSentinel {
         sentinel
     }
 
-    /// `redis://127.0.0.1:port` of the Sentinel.
+    /// `redis://127.0.0.1:port` of the Sentinel (`rediss://` when it serves TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Runs a command through `redis-cli` against the Sentinel.
     pub fn cmd(&self, args: &[&str]) -> Option<String> {
-        redis_cli(self.port, args)
+        redis_cli_with(self.port, self.tls.as_ref(), args)
     }
 
     /// The port of the master the Sentinel names for `name` now.

@@ -27,8 +27,14 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
 /// Runs a command through `redis-cli` against the server (or Sentinel) on `port` and returns its raw output;
 /// `None` when it could not run or failed.
 pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    redis_cli_with(port, None, args)
+}
+
+/// [`redis_cli`] over TLS when `tls` is given.
+pub fn redis_cli_with(port: u16, tls: Option<&Tls>, args: &[&str]) -> Option<String> {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string()])
+        .args(tls.map(|t| t.cli.as_slice()).unwrap_or_default())
         .args(args)
         .output()
         .ok()?;
@@ -44,6 +50,27 @@ pub struct RedisServer {
     dir: PathBuf,
     /// Arguments added to the defaults (`--maxmemory-policy allkeys-lru`, `--replicaof host port`, ...).
     args: Vec<String>,
+    /// TLS only (`--port 0`, `--tls-port`) when set.
+    tls: Option<Tls>,
+}
+
+/// What a redis-server (or Sentinel) serving TLS only needs (`tests/common/tls.rs` makes it).
+#[derive(Clone, Debug)]
+pub struct Tls {
+    /// Its settings (`tls-cert-file`, ...) and their values: `--name value` arguments, or lines of a config file.
+    pub settings: Vec<(String, String)>,
+    /// The arguments of `redis-cli` to talk to it (`--tls --cacert ...`).
+    pub cli: Vec<String>,
+}
+
+impl Tls {
+    /// The settings as `redis-server` arguments.
+    pub fn args(&self) -> Vec<String> {
+        self.settings
+            .iter()
+            .flat_map(|(k, v)| [format!("--{k}"), v.clone()])
+            .collect()
+    }
 }
 
 /// A loopback port nobody listens on (bound once, then released).
@@ -62,6 +89,12 @@ impl RedisServer {
     /// "--maxmemory-policy", "allkeys-lru"]`, or `["--rename-command", "CONFIG", ""]` for a managed Redis that
     /// refuses CONFIG), and waits until it answers PING. The arguments apply again on `restart`.
     pub fn start_with(args: &[&str]) -> Self {
+        Self::start_tls(None, args)
+    }
+
+    /// As [`Self::start_with`], serving TLS only when `tls` is given (on `port`, with `--port 0`: a client
+    /// that does not speak TLS finds nothing); its `url` is then `rediss://`, and `cmd` speaks TLS.
+    pub fn start_tls(tls: Option<Tls>, args: &[&str]) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -71,6 +104,7 @@ impl RedisServer {
             child: None,
             dir,
             args,
+            tls,
         };
         server.spawn();
         server
@@ -101,17 +135,14 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let ports = match &self.tls {
+            None => vec!["--port".to_owned(), port],
+            Some(tls) => [vec!["--port".into(), "0".into(), "--tls-port".into(), port], tls.args()].concat(),
+        };
         let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(ports)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)
@@ -130,13 +161,20 @@ impl RedisServer {
         panic!("redis-server on port {} did not answer within 10 s", self.port);
     }
 
+    /// `redis://127.0.0.1:port`, or `rediss://` when it serves TLS.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// What it serves TLS with, when it does.
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     /// Runs a command through `redis-cli` and returns its raw output.
     pub fn cmd(&self, args: &[&str]) -> Option<String> {
-        redis_cli(self.port, args)
+        redis_cli_with(self.port, self.tls.as_ref(), args)
     }
 
     /// Calls of a command so far, from `INFO commandstats` (e.g. "evalsha").

@@ -107,6 +107,19 @@ fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
         ),
         None => println!("  store: in-process"),
     }
+    // The TLS files were read and parsed by the check.
+    if let Some(r) = config
+        .redis
+        .as_ref()
+        .filter(|r| r.tls_ca_file.is_some() || r.tls_cert_file.is_some())
+    {
+        let shown = |f: &Option<PathBuf>, none: &str| f.as_ref().map_or(none.to_owned(), |p| p.display().to_string());
+        println!(
+            "  tls: authorities {}, client certificate {}",
+            shown(&r.tls_ca_file, "of the system"),
+            shown(&r.tls_cert_file, "none")
+        );
+    }
     for rule in &config.rules {
         let lease = rule
             .lease()
