@@ -76,8 +76,9 @@ async fn assert_exact(limiter: &Limiter, key: &str) {
 async fn a_limiter_over_rediss_decides_exactly() {
     let certs = Certs::generate();
     let server = RedisServer::start_tls(Some(certs.server(false)), &[]);
-    let limiter =
-        Limiter::from_config(config(&format!("url = {:?}", server.url()), &certs.toml(false))).expect("limiter");
+    // require_noeviction: the policy is read over TLS too, before the limiter is made.
+    let tls = format!("{}require_noeviction = true\n", certs.toml(false));
+    let limiter = Limiter::from_config(config(&format!("url = {:?}", server.url()), &tls)).expect("limiter");
     assert_exact(&limiter, "a").await;
     // The keys are on the server, which serves TLS only.
     assert!(server.cmd(&["DBSIZE"]).is_some_and(|n| n.trim() != "0"));
@@ -120,7 +121,9 @@ async fn a_sentinel_and_its_master_over_tls_decide_exactly() {
         "sentinel = {{ master_name = \"tlsmaster\", nodes = [{:?}] }}",
         sentinel.url()
     );
-    let limiter = Limiter::from_config(config(&store, &certs.toml(true))).expect("limiter");
+    // require_noeviction: the master the Sentinel names is found, and its policy read, over TLS.
+    let tls = format!("{}require_noeviction = true\n", certs.toml(true));
+    let limiter = Limiter::from_config(config(&store, &tls)).expect("limiter");
     assert_exact(&limiter, "a").await;
     assert!(master.cmd(&["DBSIZE"]).is_some_and(|n| n.trim() != "0"));
 }

@@ -144,6 +144,7 @@ fn at_risk(readings: &HashMap<String, Reading>) -> Option<(&str, &str)> {
 /// [`Error::Store`] when a server (or every Sentinel) cannot be reached: the check needs Redis up at start. A
 /// server that refuses `CONFIG` is a warning, not an error.
 pub(crate) fn require_noeviction(redis: &RedisConfig) -> Result<(), Error> {
+    super::connect::install_crypto_provider();
     let timeout = redis.timeout.saturating_mul(10).max(Duration::from_secs(1));
     let joined = std::thread::scope(|scope| {
         scope
