@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests run for real: redis-server; redis-sentinel (tests/sentinel.rs fails a master over);
+# Debian packages the tests run for real: redis-server (Debian builds it, and redis-cli, with TLS: tests/tls.rs starts
+# servers, a Sentinel and a cluster serving TLS only); redis-sentinel (tests/sentinel.rs fails a master over);
 # prometheus and promtool (tests/operations.rs scrapes the sidecar and checks the dashboards' queries and the alert
 # rules).
 missing=()
