@@ -13,8 +13,8 @@ use toml::Spanned;
 mod redact;
 mod redis;
 mod rls;
-mod window;
 mod tls;
+mod window;
 
 pub(crate) use self::redact::redact_text;
 pub use self::redact::redact_url;

@@ -6,6 +6,7 @@
 //! Redis that refuses `CONFIG` gives a warning, never an error: the policy cannot be known there.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -33,24 +34,41 @@ pub(crate) enum Reading {
     Refused(String),
 }
 
-/// Reads the `maxmemory-policy` of the server at `info` over a connection of its own, within `timeout`.
+/// Reads the `maxmemory-policy` of the server at `info` over a connection of its own, within `timeout`, and
+/// its `redis_version` (`INFO server`; `None` when it does not say).
 ///
 /// # Errors
 /// [`StoreError`] of kind `Timeout` or `Io` when the server cannot be reached (a refusal is a [`Reading`]).
-pub(crate) async fn read(info: &ConnectionInfo, timeout: Duration) -> Result<Reading, StoreError> {
+pub(crate) async fn read(info: &ConnectionInfo, timeout: Duration) -> Result<(Reading, Option<String>), StoreError> {
+    let mut version = None;
     let read = async {
         let client = redis::Client::open(info.clone())?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
         let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+        let server = redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await;
+        version = server
+            .ok()
+            .as_deref()
+            .and_then(super::version::of_info)
+            .map(str::to_owned);
         redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
             .query_async::<Vec<String>>(&mut conn)
             .await
     };
-    match tokio::time::timeout(timeout, read).await {
+    let reading = read_policy(tokio::time::timeout(timeout, read).await, timeout)?;
+    Ok((reading, version))
+}
+
+/// What a policy read came to.
+fn read_policy(
+    answer: Result<redis::RedisResult<Vec<String>>, tokio::time::error::Elapsed>,
+    timeout: Duration,
+) -> Result<Reading, StoreError> {
+    match answer {
         Err(_) => Err(StoreError::timeout(SCRIPT, timeout)),
         Ok(Ok(pair)) => match pair.get(1) {
             Some(policy) => Ok(Reading::Policy(policy.clone())),
@@ -70,10 +88,15 @@ pub(crate) async fn read(info: &ConnectionInfo, timeout: Duration) -> Result<Rea
     }
 }
 
-/// The policies the store's servers reported, by server (`host:port`), behind the eviction gauge.
+/// The policies (and the versions too old for the scripts) the store's servers reported, by server (`host:port`), behind
+/// the eviction gauge.
 #[derive(Debug, Default)]
 pub(crate) struct EvictionWatch {
     readings: Mutex<HashMap<String, Reading>>,
+    /// Servers older than the scripts support, by server, with why (`version.rs`).
+    too_old: Mutex<HashMap<String, String>>,
+    /// Whether `too_old` has any: the one load each store call pays.
+    any_too_old: AtomicBool,
 }
 
 impl EvictionWatch {
@@ -88,6 +111,34 @@ impl EvictionWatch {
         telemetry::eviction_unsafe(at_risk(&readings).is_some());
     }
 
+    /// Records the version `node` reported: a server too old for the scripts is logged as an error and refuses
+    /// the store's calls ([`Self::unsupported`]) until it reconnects to a newer one.
+    pub(crate) fn record_version(&self, node: &str, version: Option<&str>) {
+        let why = version.and_then(super::version::unsupported);
+        let mut too_old = self.too_old.lock().unwrap_or_else(PoisonError::into_inner);
+        match why {
+            Some(why) => {
+                if too_old.get(node) != Some(&why) {
+                    tracing::error!(%node, "{why}");
+                }
+                too_old.insert(node.to_owned(), why);
+            }
+            None => {
+                too_old.remove(node);
+            }
+        }
+        self.any_too_old.store(!too_old.is_empty(), Ordering::Release);
+    }
+
+    /// Why the store cannot run its scripts, when a server it connected to is older than they support.
+    pub(crate) fn unsupported(&self) -> Option<String> {
+        if !self.any_too_old.load(Ordering::Acquire) {
+            return None;
+        }
+        let too_old = self.too_old.lock().unwrap_or_else(PoisonError::into_inner);
+        too_old.iter().next().map(|(node, why)| format!("{node}: {why}"))
+    }
+
     /// A policy that may evict limiter keys, when a server reported one.
     pub(crate) fn policy_at_risk(&self) -> Option<String> {
         let readings = self.readings.lock().unwrap_or_else(PoisonError::into_inner);
@@ -100,7 +151,10 @@ impl EvictionWatch {
         let mut backoff = Duration::from_millis(100);
         loop {
             match read(info, timeout).await {
-                Ok(reading) => return self.record(node, reading),
+                Ok((reading, version)) => {
+                    self.record_version(node, version.as_deref());
+                    return self.record(node, reading);
+                }
                 Err(e) => tracing::debug!(%node, error = %e, "cannot read maxmemory-policy yet; retrying"),
             }
             tokio::time::sleep(backoff).await;
@@ -182,9 +236,15 @@ async fn check_servers(redis: &RedisConfig, timeout: Duration) -> Result<(), Err
     for info in servers {
         let node = info.addr().to_string();
         match read(&info, timeout).await {
-            Ok(Reading::Policy(policy)) if may_evict(&policy) => return Err(Error::EvictionPolicy { node, policy }),
-            Ok(Reading::Policy(_)) => {}
-            Ok(reading @ Reading::Refused(_)) => log(&node, &reading),
+            Ok((_, Some(version))) if super::version::unsupported(&version).is_some() => {
+                let why = super::version::unsupported(&version).unwrap_or_default();
+                return Err(io_error(format!("{node}: {why}")));
+            }
+            Ok((Reading::Policy(policy), _)) if may_evict(&policy) => {
+                return Err(Error::EvictionPolicy { node, policy })
+            }
+            Ok((Reading::Policy(_), _)) => {}
+            Ok((reading @ Reading::Refused(_), _)) => log(&node, &reading),
             Err(e) => {
                 return Err(io_error(format!("cannot read it from {node}: {e}")));
             }
@@ -234,5 +294,19 @@ mod tests {
         assert_eq!(watch.policy_at_risk().as_deref(), Some("volatile-ttl"));
         watch.record("b:2", Reading::Refused("unknown command".into()));
         assert_eq!(watch.policy_at_risk(), None);
+    }
+
+    #[test]
+    fn a_server_too_old_refuses_calls_until_a_newer_one_answers_in_its_place() {
+        let watch = EvictionWatch::default();
+        watch.record_version("a:1", Some("7.0.15"));
+        assert_eq!(watch.unsupported(), None);
+        watch.record_version("b:2", Some("4.0.14"));
+        let why = watch.unsupported().expect("too old");
+        assert!(why.starts_with("b:2: Redis 4.0.14 is older than 5.0"), "{why}");
+        watch.record_version("b:2", Some("5.0.0")); // upgraded, or failed over to a newer replica
+        assert_eq!(watch.unsupported(), None);
+        watch.record_version("b:2", None);
+        assert_eq!(watch.unsupported(), None, "a server that does not say is not refused");
     }
 }

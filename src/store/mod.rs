@@ -20,6 +20,7 @@ pub(crate) mod redis;
 pub(crate) mod script;
 #[cfg(test)]
 mod tests;
+mod version;
 
 pub(crate) use call::Call;
 pub use memory::MemoryStore;

@@ -341,7 +341,27 @@ impl RedisStore {
         self.timeout
     }
 
+    /// An error when a server the store connected to is older than the scripts support (`version.rs`).
+    fn supported(&self, script: &'static str) -> Result<(), StoreError> {
+        match self.eviction.unsupported() {
+            None => Ok(()),
+            Some(message) => Err(StoreError {
+                kind: StoreErrorKind::Other,
+                script,
+                message,
+                source: None,
+            }),
+        }
+    }
+
     async fn run_call(&self, call: &Call) -> Result<Reply, StoreError> {
+        let metrics = self.metrics.get(call.script() as usize);
+        if let Err(e) = self.supported(call.script().name()) {
+            if let Some(m) = metrics {
+                m.error(e.kind);
+            }
+            return Err(e);
+        }
         let script = script(call.script());
         let mut invocation = script.prepare_invoke();
         for key in call.keys() {
@@ -353,7 +373,6 @@ impl RedisStore {
                 Arg::Str(s) => invocation.arg(s),
             };
         }
-        let metrics = self.metrics.get(call.script() as usize);
         let started = Instant::now();
         let timeout = call.timeout.unwrap_or(self.timeout);
         let name = call.script().name();
@@ -429,6 +448,7 @@ impl Store for RedisStore {
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
+            self.supported("probe")?;
             let probe = async |conn: &mut Active| PROBE.prepare_invoke().invoke_async::<i64>(conn).await;
             match self.on_connection("probe", self.probe_timeout(), probe).await {
                 // A server before Redis 7 (the shebang does not compile): whether it answers.
