@@ -1,7 +1,5 @@
 //! Looking at a key without deciding it, and forgetting it: [`Limiter::peek`] (cost 0) and [`Limiter::reset`].
 
-use std::sync::Arc;
-
 use super::Limiter;
 use crate::compiled::Compiled;
 use crate::decision::Decision;
@@ -103,14 +101,5 @@ impl Limiter {
         let call = Call::reset(store_key(&engine.key_prefix, &compiled.rule.name, key));
         engine.store.run(&call).await?;
         Ok(())
-    }
-
-    /// The configured rule named `rule`, unless the limiter is shut down.
-    fn compiled(&self, rule: &str) -> Result<Arc<Compiled>, Error> {
-        if self.inner.engine.background.is_closed() {
-            return Err(Error::ShutDown);
-        }
-        let compiled = self.inner.rules.load().get(rule).cloned();
-        compiled.ok_or_else(|| Error::UnknownRule(rule.to_owned()))
     }
 }

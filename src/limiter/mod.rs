@@ -363,17 +363,18 @@ impl Limiter {
         }
     }
 
-    async fn acquire_within(&self, rule: &str, key: &str, cost: u64, max: Option<Duration>) -> Result<Permit, Error> {
+    /// The configured rule named `rule`, unless the limiter is shut down (the calls that hold the rule past an
+    /// await: `acquire`, `peek`, `reset`).
+    fn compiled(&self, rule: &str) -> Result<Arc<Compiled>, Error> {
         if self.inner.engine.background.is_closed() {
             return Err(Error::ShutDown);
         }
-        let compiled = self
-            .inner
-            .rules
-            .load()
-            .get(rule)
-            .cloned()
-            .ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+        let compiled = self.inner.rules.load().get(rule).cloned();
+        compiled.ok_or_else(|| Error::UnknownRule(rule.to_owned()))
+    }
+
+    async fn acquire_within(&self, rule: &str, key: &str, cost: u64, max: Option<Duration>) -> Result<Permit, Error> {
+        let compiled = self.compiled(rule)?;
         if cost == 0 {
             return Err(rule::invalid(("cost", "must be at least 1 token".into())));
         }

@@ -235,19 +235,16 @@ async fn check_servers(redis: &RedisConfig, timeout: Duration) -> Result<(), Err
     }
     for info in servers {
         let node = info.addr().to_string();
-        match read(&info, timeout).await {
-            Ok((_, Some(version))) if super::version::unsupported(&version).is_some() => {
-                let why = super::version::unsupported(&version).unwrap_or_default();
-                return Err(io_error(format!("{node}: {why}")));
-            }
-            Ok((Reading::Policy(policy), _)) if may_evict(&policy) => {
-                return Err(Error::EvictionPolicy { node, policy })
-            }
-            Ok((Reading::Policy(_), _)) => {}
-            Ok((reading @ Reading::Refused(_), _)) => log(&node, &reading),
-            Err(e) => {
-                return Err(io_error(format!("cannot read it from {node}: {e}")));
-            }
+        let (reading, version) = read(&info, timeout)
+            .await
+            .map_err(|e| io_error(format!("cannot read it from {node}: {e}")))?;
+        if let Some(why) = version.as_deref().and_then(super::version::unsupported) {
+            return Err(io_error(format!("{node}: {why}")));
+        }
+        match reading {
+            Reading::Policy(policy) if may_evict(&policy) => return Err(Error::EvictionPolicy { node, policy }),
+            Reading::Policy(_) => {}
+            Reading::Refused(_) => log(&node, &reading),
         }
     }
     Ok(())
