@@ -2,7 +2,7 @@
 //! process and the order of its queues' callers. Built once per rule (and again on a reload that changes it).
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -81,9 +81,16 @@ fn series(rule: &Rule) -> Series {
     }
 }
 
+/// The next [`Compiled::generation`]: 0 is never handed out.
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
 /// A rule as the limiter runs it.
 #[derive(Debug)]
 pub(crate) struct Compiled {
+    /// Unique for the life of the process, never reused (unlike the compiled rule's address, which a rule
+    /// compiled after this one was dropped may get): what caches outside the limiter key this rule by
+    /// (`lease/nearby.rs`, invariant 20).
+    pub(crate) generation: u64,
     pub(crate) rule: Rule,
     pub(crate) fail_mode: FailMode,
     pub(crate) metrics: RuleMetrics,
@@ -105,6 +112,17 @@ pub(crate) struct Compiled {
     pub(crate) waiting: AtomicI64,
 }
 
+impl Drop for Compiled {
+    /// The rule's limiter (or the reload that replaced it) let it go: its buckets are retired, so that a thread's
+    /// cache that still holds one (`lease/nearby.rs`) never answers from it. Their tokens are lost with the rule
+    /// (a limiter dropped without [`crate::Limiter::shutdown`] gives nothing back).
+    fn drop(&mut self) {
+        for entry in self.leases.iter() {
+            entry.value().retire();
+        }
+    }
+}
+
 impl Compiled {
     /// Compiles `rule`; its own fail mode wins over `default_mode`. Registers its metric handles.
     pub(crate) fn new(rule: Rule, default_mode: FailMode) -> Self {
@@ -113,6 +131,7 @@ impl Compiled {
             .map(Algorithm::capacity);
         let series = series(&rule);
         Self {
+            generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
             leased: series.leases,
             min_capacity: capacities.min().unwrap_or(0),
             heat: OnceLock::new(),

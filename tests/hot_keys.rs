@@ -125,3 +125,56 @@ async fn a_key_that_turns_hot_under_saturation_still_reaches_its_bound() {
         l.shutdown().await;
     }
 }
+
+/// Limiters built and dropped one after the other on one thread (invariant 20): each new limiter's first
+/// decisions on a key come from its own store, never from a bucket a dropped limiter left in the thread's cache,
+/// whose compiled rule a new one may reuse the address of. Both ways: a dead limiter's spent bucket must not
+/// refuse a fresh store's tokens, and its unspent one must not admit tokens the new store never granted.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dropped_limiters_bucket_never_answers_for_a_new_one() {
+    let lease = Lease {
+        min_batch: 1,
+        max_batch: 3,
+        ttl: Duration::from_secs(10),
+        hot_after: Some(1),
+    };
+    let rule = || {
+        Rule::token_bucket("r", 3, 1, Duration::from_secs(1))
+            .and_then(|r| r.with_lease(lease))
+            .expect("rule")
+    };
+    let build = |store: Arc<MemoryStore>| {
+        Limiter::builder()
+            .rule(rule())
+            .store(store)
+            .clock(Arc::new(TokioClock::new()))
+            .build()
+            .expect("limiter")
+    };
+    for round in 0..50 {
+        // A fresh store: the first three calls are admitted, the fourth refused.
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+        let limiter = build(Arc::new(MemoryStore::with_clock(clock.clone())));
+        let mut allowed = Vec::new();
+        for _ in 0..4 {
+            allowed.push(limiter.check("r", "sku:1", 1).await.expect("decision").allowed);
+        }
+        assert_eq!(allowed, [true, true, true, false], "round {round}: a fresh limiter on a fresh store");
+        drop(limiter);
+
+        // A store whose bucket is empty (taken by acquire, which does not lease): the first decision leases
+        // nothing and must be refused, whatever a dropped limiter's bucket held.
+        let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+        let leaving = build(store.clone());
+        for _ in 0..2 {
+            // The second is answered through the thread's cache, which keeps the bucket.
+            assert!(leaving.check("r", "sku:1", 1).await.expect("decision").allowed, "round {round}");
+        }
+        drop(leaving); // its bucket of sku:1, with a leased token left, stays in this thread's cache
+        let limiter = build(store);
+        let _permit = limiter.acquire("r", "sku:1", 2).await.expect("the store's last tokens");
+        let d = limiter.check("r", "sku:1", 1).await.expect("decision");
+        assert!(!d.allowed, "round {round}: admitted a token the store never granted this limiter: {d:?}");
+        drop(limiter);
+    }
+}

@@ -423,6 +423,11 @@ impl LocalBucket {
         expired
     }
 
+    /// Retires the bucket for good without taking its tokens: no decision or lease uses it again.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
     /// Takes every token (shutdown, eviction) and returns how many, to be given back.
     pub(crate) fn drain(&self) -> u64 {
         let mut book = self.lock();

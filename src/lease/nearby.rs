@@ -3,8 +3,11 @@
 //! Looking a key up in the `DashMap` takes its shard's read lock: an atomic add and sub on a cache line that
 //! every thread deciding keys of that shard writes, so two threads on one hot key would bounce it on every
 //! decision even though their tokens sit in per-core shards. The cache answers most lookups from the thread's
-//! own memory: a small direct-mapped table of (rule, key) → bucket, checked against the bucket's key and its
-//! `retired` flag (an evicted, cooled or reloaded bucket is retired for good, so a stale entry is never used).
+//! own memory: a small direct-mapped table of (rule, key) → bucket, checked against the rule's generation, the
+//! bucket's key and its `retired` flag (an evicted, cooled or reloaded bucket, or one whose limiter was dropped, is
+//! retired for good, so a stale entry is never used). A rule is known by its generation, unique for the life of the
+//! process, never by its address: a rule compiled after another was dropped may land at the same address, and its
+//! limiter would then be answered from the dead one's bucket (invariant 20).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -14,9 +17,9 @@ use super::bucket::LocalBucket;
 /// Entries per thread (a power of two).
 const SLOTS: usize = 64;
 
-/// One cached bucket and the rule it belongs to (its compiled rule's address).
+/// One cached bucket and the rule it belongs to (its compiled rule's generation).
 struct Slot {
-    rule: usize,
+    rule: u64,
     bucket: Arc<LocalBucket>,
 }
 
@@ -24,17 +27,17 @@ struct Slot {
 /// than the rest of a decision; keys such as `sku:1042` differ at the end, and a collision only costs a lookup
 /// in the map).
 #[inline(always)]
-fn slot_of(rule: usize, key: &str) -> usize {
+fn slot_of(rule: u64, key: &str) -> usize {
     let bytes = key.as_bytes();
     let at = |back: usize| {
         bytes
             .len()
             .checked_sub(back)
             .and_then(|i| bytes.get(i))
-            .map_or(0, |&b| b as usize)
+            .map_or(0, |&b| u64::from(b))
     };
-    let mixed = (bytes.len() ^ (at(1) << 8) ^ (at(2) << 16) ^ (rule >> 4)).wrapping_mul(0x9E37_79B9);
-    (mixed >> 16) & (SLOTS - 1)
+    let mixed = (bytes.len() as u64 ^ (at(1) << 8) ^ (at(2) << 16) ^ (rule << 24)).wrapping_mul(0x9E37_79B9);
+    (mixed >> 16) as usize & (SLOTS - 1)
 }
 
 /// Whether two keys are equal: short keys by two overlapping word loads each, without a call to `memcmp`
@@ -67,10 +70,10 @@ thread_local! {
     static SLOTS_OF_THREAD: RefCell<[Option<Slot>; SLOTS]> = const { RefCell::new([const { None }; SLOTS]) };
 }
 
-/// Runs `f` on the bucket of `key` of the rule at address `rule`, if this thread cached it and it is live;
+/// Runs `f` on the bucket of `key` of the rule of generation `rule`, if this thread cached it and it is live;
 /// `None` otherwise. The bucket is borrowed, not cloned: a clone would write its shared count.
 #[inline(always)]
-pub(crate) fn with<R>(rule: usize, key: &str, f: impl FnOnce(&Arc<LocalBucket>) -> R) -> Option<R> {
+pub(crate) fn with<R>(rule: u64, key: &str, f: impl FnOnce(&Arc<LocalBucket>) -> R) -> Option<R> {
     SLOTS_OF_THREAD.with(|slots| {
         let slots = slots.borrow();
         let slot = slots.get(slot_of(rule, key))?.as_ref()?;
@@ -79,8 +82,8 @@ pub(crate) fn with<R>(rule: usize, key: &str, f: impl FnOnce(&Arc<LocalBucket>) 
     })
 }
 
-/// Caches `bucket` as the bucket of its key under the rule at address `rule`.
-pub(crate) fn put(rule: usize, bucket: &Arc<LocalBucket>) {
+/// Caches `bucket` as the bucket of its key under the rule of generation `rule`.
+pub(crate) fn put(rule: u64, bucket: &Arc<LocalBucket>) {
     SLOTS_OF_THREAD.with(|slots| {
         let mut slots = slots.borrow_mut();
         if let Some(slot) = slots.get_mut(slot_of(rule, bucket.key())) {

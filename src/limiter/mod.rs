@@ -141,7 +141,7 @@ impl Limiter {
             engine.answer_locally(compiled, local, cost, now)
         };
         // This thread's cache first: the map's shard lock is a line every deciding thread writes.
-        let rule = Arc::as_ptr(compiled) as usize;
+        let rule = compiled.generation;
         let decision = match nearby::with(rule, key, decide) {
             Some(decision) => decision,
             None => match compiled.leases.get(key) {
