@@ -2,6 +2,10 @@
 -- negative count, charge it with tokens admitted elsewhere (a debit).
 --
 -- KEYS[1]  the bucket (same hash as token_bucket.lua: level = tokens × per_ms, ts, per, capacity, rate)
+-- KEYS[2]  optional, debits only: the debit's mark, `<bucket>:debit:<id>` with an id unique to this debit. A debit
+--          whose mark exists was applied already (its reply was lost, say, to a timeout) and is not applied again:
+--          the reply gives what it charged then, and the bucket as it is now. A debit applied sets its mark to the
+--          tokens it charged, for 10 minutes (the memory of it, not its meaning: the bucket holds the charge).
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
@@ -91,11 +95,26 @@ if not now then
 end
 
 local full = capacity * per
+local mark = KEYS[2]
+if mark and n >= 0 then
+  return redis.error_reply('ERR token_return: bad arguments (a debit mark with tokens >= 0)')
+end
 local level, ts = load_bucket(KEYS[1], capacity, rate, per, now)
 if level == nil then
   if n >= 0 then return { 0, capacity, 0, 0 } end
   level = full
 end
+local function reply(accepted)
+  local reset_after = 0
+  if level < full then
+    if rate == 0 then reset_after = -1 else reset_after = cdiv(full - level, rate) end
+  end
+  local remaining = idiv(level, per)
+  if remaining < 0 then remaining = 0 end -- still in debt
+  return { accepted, remaining, 0, reset_after }
+end
+local charged = mark and tonumber(redis.call('GET', mark))
+if charged then return reply(charged) end -- applied already: nothing is written
 
 local accepted = 0
 if n >= 0 then
@@ -113,10 +132,5 @@ else
 end
 
 save_bucket(KEYS[1], level, ts, capacity, rate, per)
-local reset_after = 0
-if level < full then
-  if rate == 0 then reset_after = -1 else reset_after = cdiv(full - level, rate) end
-end
-local remaining = idiv(level, per)
-if remaining < 0 then remaining = 0 end -- still in debt
-return { accepted, remaining, 0, reset_after }
+if mark then redis.call('SET', mark, int(accepted), 'PX', 600000) end
+return reply(accepted)

@@ -71,13 +71,14 @@ impl Line {
     }
 }
 
-/// The series `rule` can produce (DESIGN: a rule without a lease has no lease series).
-fn series(rule: &Rule) -> Series {
+/// The series `rule` can produce under `fail_mode` (a rule without a lease has no lease series).
+fn series(rule: &Rule, fail_mode: FailMode) -> Series {
     let algorithms = || std::iter::once(&rule.algorithm).chain(rule.overrides.iter().map(|o| &o.algorithm));
     Series {
         leases: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { lease: Some(_), .. })),
         queue: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. })),
         shadow: rule.shadow,
+        debts: fail_mode == FailMode::Local && algorithms().any(|a| matches!(a, Algorithm::TokenBucket { .. })),
     }
 }
 
@@ -129,7 +130,8 @@ impl Compiled {
         let capacities = std::iter::once(&rule.algorithm)
             .chain(rule.overrides.iter().map(|o| &o.algorithm))
             .map(Algorithm::capacity);
-        let series = series(&rule);
+        let fail_mode = rule.fail_mode.unwrap_or(default_mode);
+        let series = series(&rule, fail_mode);
         Self {
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
             leased: series.leases,
@@ -137,7 +139,7 @@ impl Compiled {
             heat: OnceLock::new(),
             hasher: foldhash::fast::RandomState::default(),
             retired: AtomicBool::new(false),
-            fail_mode: rule.fail_mode.unwrap_or(default_mode),
+            fail_mode,
             metrics: RuleMetrics::new(&rule.name, series),
             leases: KeyMap::default(),
             queues: KeyMap::default(),

@@ -27,6 +27,10 @@ pub const OUTSTANDING_TOKENS: &str = "tokenlease_outstanding_tokens";
 pub const REDIS_DURATION_SECONDS: &str = "tokenlease_redis_duration_seconds";
 /// Store call failures, by `script` and `kind` (`timeout`/`io`/`noscript`/`cluster`/`readonly`/`oom`/`other`).
 pub const REDIS_ERRORS_TOTAL: &str = "tokenlease_redis_errors_total";
+/// Tokens that `fail_mode = "local"` admitted alone and whose charge to the shared bucket was finally given up
+/// (the store did not take it before shutdown's patience ran out), by `rule`: how far over the limit the fleet
+/// may have gone.
+pub const DEBT_DROPPED_TOKENS_TOTAL: &str = "tokenlease_debt_dropped_tokens_total";
 /// Keys held in the local lease cache.
 pub const LOCAL_KEYS: &str = "tokenlease_local_keys";
 /// Keys of a rule that lease in this process now (hot keys), by `rule`.
@@ -106,6 +110,11 @@ pub fn describe() {
         Unit::Count,
         "1 when Redis maxmemory-policy may evict limiter keys (allkeys-*, volatile-*), else 0"
     );
+    describe_counter!(
+        DEBT_DROPPED_TOKENS_TOTAL,
+        Unit::Count,
+        "Tokens fail_mode local admitted alone whose charge to the shared bucket was given up at shutdown, by rule"
+    );
     describe_gauge!(LOCAL_KEYS, Unit::Count, "Keys held in the local lease cache");
     describe_gauge!(
         HOT_KEYS,
@@ -138,6 +147,7 @@ pub(crate) struct RuleMetrics {
     pub(crate) hot_keys: Gauge,
     pub(crate) queue_depth: Gauge,
     pub(crate) queue_wait: Histogram,
+    pub(crate) debt_dropped: Counter,
 }
 
 /// Which series a rule can produce: only those are registered, so that dashboards show what exists.
@@ -149,6 +159,8 @@ pub(crate) struct Series {
     pub(crate) queue: bool,
     /// The rule is in shadow mode: `shadow_rejected` decisions.
     pub(crate) shadow: bool,
+    /// The rule's token buckets sell alone under `fail_mode = "local"`: debts that may be dropped.
+    pub(crate) debts: bool,
 }
 
 impl RuleMetrics {
@@ -205,9 +217,14 @@ impl RuleMetrics {
                 Gauge::noop()
             },
             queue_wait: if series.queue {
-                histogram!(QUEUE_WAIT_SECONDS, "rule" => rule)
+                histogram!(QUEUE_WAIT_SECONDS, "rule" => rule.clone())
             } else {
                 Histogram::noop()
+            },
+            debt_dropped: if series.debts {
+                counter!(DEBT_DROPPED_TOKENS_TOTAL, "rule" => rule)
+            } else {
+                Counter::noop()
             },
         }
     }
@@ -273,6 +290,11 @@ pub(crate) fn store_ready(ready: bool) {
 /// Sets [`REDIS_EVICTION_UNSAFE`].
 pub(crate) fn eviction_unsafe(at_risk: bool) {
     gauge!(REDIS_EVICTION_UNSAFE).set(if at_risk { 1.0 } else { 0.0 });
+}
+
+/// Counts `tokens` of debt given up for `rule`, a rule no longer in force (its handle is gone).
+pub(crate) fn debt_dropped(rule: &str, tokens: u64) {
+    counter!(DEBT_DROPPED_TOKENS_TOTAL, "rule" => rule.to_owned()).increment(tokens);
 }
 
 /// Sets the number of keys in the local lease cache.

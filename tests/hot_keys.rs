@@ -159,7 +159,11 @@ async fn a_dropped_limiters_bucket_never_answers_for_a_new_one() {
         for _ in 0..4 {
             allowed.push(limiter.check("r", "sku:1", 1).await.expect("decision").allowed);
         }
-        assert_eq!(allowed, [true, true, true, false], "round {round}: a fresh limiter on a fresh store");
+        assert_eq!(
+            allowed,
+            [true, true, true, false],
+            "round {round}: a fresh limiter on a fresh store"
+        );
         drop(limiter);
 
         // A store whose bucket is empty (taken by acquire, which does not lease): the first decision leases
@@ -168,13 +172,19 @@ async fn a_dropped_limiters_bucket_never_answers_for_a_new_one() {
         let leaving = build(store.clone());
         for _ in 0..2 {
             // The second is answered through the thread's cache, which keeps the bucket.
-            assert!(leaving.check("r", "sku:1", 1).await.expect("decision").allowed, "round {round}");
+            assert!(
+                leaving.check("r", "sku:1", 1).await.expect("decision").allowed,
+                "round {round}"
+            );
         }
         drop(leaving); // its bucket of sku:1, with a leased token left, stays in this thread's cache
         let limiter = build(store);
         let _permit = limiter.acquire("r", "sku:1", 2).await.expect("the store's last tokens");
         let d = limiter.check("r", "sku:1", 1).await.expect("decision");
-        assert!(!d.allowed, "round {round}: admitted a token the store never granted this limiter: {d:?}");
+        assert!(
+            !d.allowed,
+            "round {round}: admitted a token the store never granted this limiter: {d:?}"
+        );
         drop(limiter);
     }
 }

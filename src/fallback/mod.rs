@@ -27,7 +27,7 @@ use crate::rule::{Algorithm, FailMode};
 use crate::store::call::{Call, Members};
 use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
-use share::Shares;
+use share::{Debit, Shares};
 
 /// Why a key's debt was not settled before its store call.
 #[derive(Debug)]
@@ -199,16 +199,21 @@ impl Fallback {
         if !self.buckets.any_owed() {
             return Ok(());
         }
-        let Some((owed_to, tokens)) = self.buckets.take_owed(store_key).map_err(|_| Unsettled::Busy)? else {
+        let members = &self.members;
+        let debit = self
+            .buckets
+            .take_owed(store_key, || members.next())
+            .map_err(|_| Unsettled::Busy)?;
+        let Some(debit) = debit else {
             return Ok(());
         };
         let Algorithm::TokenBucket { bucket, .. } = algorithm else {
+            let tokens = self.buckets.forgive(store_key);
             tracing::warn!(key = %store_key, tokens, "a debt of a key that is no longer a token bucket is dropped");
-            self.buckets.settled(store_key, owed_to, tokens, 0, self.now_ms());
             return Ok(());
         };
         let (this, key, bucket) = (self.clone(), store_key.to_owned(), *bucket);
-        let charge = async move { this.charge(&key, (owed_to, bucket), tokens, false).await };
+        let charge = async move { this.charge(&key, bucket, &debit, false).await };
         match self.background.spawn(charge).await {
             Ok(Ok(())) => {
                 // Charged: hold the key while the other processes come back and charge theirs.
@@ -224,36 +229,35 @@ impl Fallback {
         }
     }
 
-    /// Charges `tokens` owed by `store_key` to its shared bucket, with the parameters it has now (`bucket`; the
-    /// debt was recorded under `owed_to`): a debit of `token_return.lua`, which may put the bucket in debt down
-    /// to −capacity; what the bucket cannot absorb yet stays owed for the next charge. `past_breaker` sends it
-    /// even while the circuit breaker is open (at shutdown, the last chance).
+    /// Sends `debit`, owed by `store_key`, to its shared bucket with the parameters it has now (`bucket`): a debit
+    /// of `token_return.lua` with its mark, which may put the bucket in debt down to −capacity and is applied once
+    /// however often it is sent; what the bucket cannot absorb yet stays owed for the next debit. A debit whose
+    /// answer is lost (an error, a timeout) stays pending and is sent again as it is. `past_breaker` sends it even
+    /// while the circuit breaker is open (at shutdown, the last chance).
     async fn charge(
         &self,
         store_key: &str,
-        (owed_to, bucket): (TokenBucket, TokenBucket),
-        tokens: u64,
+        bucket: TokenBucket,
+        debit: &Debit,
         past_breaker: bool,
     ) -> Result<(), StoreError> {
-        let debit = i64::try_from(tokens).unwrap_or(i64::MAX);
-        // As a lease: a debit timed out after Redis applied it would be applied again.
-        let call = Call::give_back(store_key, bucket, -debit).with_timeout(self.store.timeouts.lease);
+        // As a lease: the longer timeout, since a debit that timed out is sent again.
+        let call = Call::debit(store_key, bucket, debit.tokens, &debit.id).with_timeout(self.store.timeouts.lease);
         let result = if past_breaker {
             self.store.run_past_breaker(&call).await
         } else {
             self.store.run(&call).await
         };
-        let now = self.now_ms();
         match result {
             Ok(reply) => {
-                let carried = tokens.saturating_sub(reply.granted);
+                let (tokens, carried) = (debit.tokens, debit.tokens.saturating_sub(reply.granted));
                 tracing::debug!(key = %store_key, tokens, carried, "charged what fail_mode local admitted");
-                self.buckets.settled(store_key, owed_to, tokens, carried, now);
+                self.buckets.settled(store_key, Some(reply.granted));
                 self.report(store_key, bucket, reply.remaining);
                 Ok(())
             }
             Err(error) => {
-                self.buckets.settled(store_key, owed_to, tokens, tokens, now);
+                self.buckets.settled(store_key, None);
                 Err(error)
             }
         }
@@ -266,16 +270,19 @@ impl Fallback {
     }
 
     /// Charges everything owed, for shutdown: past the circuit breaker (right after an outage it is still open),
-    /// again and again until nothing is owed or `patience` has passed; what is still owed then is lost with the
-    /// process (logged).
-    pub(crate) async fn settle_all(self: &Arc<Self>, patience: Duration) {
+    /// again and again until nothing is owed or `patience` has passed. What is still owed then is given up: each
+    /// key is logged (WARN, with its rule, key and tokens) and its tokens are passed to `dropped(rule, tokens)`,
+    /// which counts them in `tokenlease_debt_dropped_tokens_total`: the fleet may have admitted that many over
+    /// the limit.
+    pub(crate) async fn settle_all(self: &Arc<Self>, patience: Duration, dropped: impl Fn(&str, u64)) {
         let deadline = tokio::time::Instant::now() + patience;
         while self.buckets.any_owed() {
             let mut charges = tokio::task::JoinSet::new();
-            for key in self.buckets.owing_keys() {
-                if let Ok(Some((owed_to, tokens))) = self.buckets.take_owed(&key) {
+            for (key, _) in self.buckets.owing_keys() {
+                let members = &self.members;
+                if let Ok(Some(debit)) = self.buckets.take_owed(&key, || members.next()) {
                     let this = self.clone();
-                    charges.spawn(async move { this.charge(&key, (owed_to, owed_to), tokens, true).await });
+                    charges.spawn(async move { this.charge(&key, debit.bucket, &debit, true).await });
                 }
             }
             while charges.join_next().await.is_some() {}
@@ -283,14 +290,32 @@ impl Fallback {
                 return;
             }
             if tokio::time::Instant::now() >= deadline {
-                let keys = self.buckets.owing_keys().len();
-                tracing::warn!(
-                    keys,
-                    "shut down owing what fail_mode local admitted alone: the store did not answer"
-                );
+                for (key, _) in self.buckets.owing_keys() {
+                    let tokens = self.buckets.forgive(&key);
+                    let (rule, user_key) = split_store_key(&key);
+                    tracing::warn!(
+                        rule,
+                        key = user_key,
+                        tokens,
+                        waited = ?patience,
+                        "shut down owing what fail_mode local admitted alone: the store did not take the charge, \
+                         so the fleet may have admitted this many tokens over the limit"
+                    );
+                    dropped(rule, tokens);
+                }
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// The rule and the key of a store key `{prefix}:{rule:key}` (rule names hold no `:`); the whole key as both when
+/// it is not one.
+fn split_store_key(store_key: &str) -> (&str, &str) {
+    store_key
+        .split_once('{')
+        .and_then(|(_, tagged)| tagged.strip_suffix('}'))
+        .and_then(|inner| inner.split_once(':'))
+        .unwrap_or((store_key, store_key))
 }

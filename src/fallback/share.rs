@@ -6,7 +6,9 @@
 //! for the key lowers it to this process's part of the level the store reported, it refills at its rate while
 //! the store is away, and a key the store never reported starts empty (what the other processes took is
 //! unknown). What it admits alone is *owed*: charged to the shared bucket when the store answers again, the part
-//! the bucket cannot absorb yet carried to the next charge, so no debit is dropped.
+//! the bucket cannot absorb yet carried to the next charge, so no debit is dropped. A charge is a *debit* with an
+//! id of its own: one whose answer was lost is sent again, same id, same tokens, and the store applies it once
+//! (`token_return.lua`'s mark), so no debit is charged twice either.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,6 +19,15 @@ use crate::algorithm::{Reply, TokenBucket, TokenBucketState, NEVER};
 /// Another charge of the key is in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Busy;
+
+/// A debit to send: the shared bucket's parameters now, the tokens, and the debit's id (the same every time this
+/// debit is sent, until the store's answer is known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Debit {
+    pub(crate) bucket: TokenBucket,
+    pub(crate) tokens: u64,
+    pub(crate) id: String,
+}
 
 /// An empty share at `now_ms`.
 fn empty(share: TokenBucket, now_ms: u64) -> TokenBucketState {
@@ -38,14 +49,22 @@ struct Share {
     bucket: TokenBucket,
     /// The share's state; `None` when full.
     state: Option<TokenBucketState>,
-    /// Tokens admitted alone and not charged to the shared bucket yet.
+    /// Tokens admitted alone and not in a debit yet.
     owed: u64,
+    /// The debit sent whose answer is not known (it failed, or timed out, perhaps after the store applied it):
+    /// its id and tokens, sent again as they are before anything else of the key.
+    pending: Option<(String, u64)>,
     /// A charge of this key is in flight: its tokens are still counted in [`Shares::owed`].
     settling: bool,
     /// When the share was last reported or taken from, in ms of the limiter's clock.
     touched_ms: u64,
     /// After a charge, the key's store calls wait until then (ms), so the other processes' charges land first.
     held_until_ms: u64,
+    /// Reported by the store since the last take: the time from the report to the next take is not refilled.
+    /// The store was answering then, and the other processes leased that refill from it (under saturation a
+    /// process hears from the store once per turn, so its share would otherwise start an outage with a turn's
+    /// refill that the fleet had already sold).
+    reported: bool,
 }
 
 /// The local shares of this process's token-bucket keys, at most `max_keys` of them.
@@ -89,6 +108,7 @@ impl Shares {
             entry.bucket = bucket;
             entry.state = Some(lowered(state));
             entry.touched_ms = now_ms;
+            entry.reported = true;
         } else if self.map.len() < self.max_keys {
             self.map.insert(
                 key.to_owned(),
@@ -96,9 +116,11 @@ impl Shares {
                     bucket,
                     state: Some(lowered(None)),
                     owed: 0,
+                    pending: None,
                     settling: false,
                     touched_ms: now_ms,
                     held_until_ms: 0,
+                    reported: true,
                 },
             );
         }
@@ -115,9 +137,11 @@ impl Shares {
                 bucket,
                 state: Some(empty(share, now_ms)),
                 owed: 0,
+                pending: None,
                 settling: false,
                 touched_ms: now_ms,
                 held_until_ms: 0,
+                reported: false,
             }),
             None => return None,
         };
@@ -137,6 +161,11 @@ impl Shares {
         }
         // Exactly capacity / processes tokens (`share` rounds its capacity up to a whole token, at least 1): a
         // bucket smaller than the processes admits nothing alone.
+        if std::mem::take(&mut entry.reported) {
+            if let Some(s) = entry.state.as_mut() {
+                s.ts_ms = s.ts_ms.max(now_ms);
+            }
+        }
         let mut state = share.refill(entry.state, now_ms);
         state.level = state.level.min(exact_full(bucket));
         let (state, reply) = share.take(Some(state), cost, cost, now_ms);
@@ -155,24 +184,32 @@ impl Shares {
         self.owed.load(Ordering::Acquire) > 0
     }
 
-    /// Takes what `key` owes, to charge it: its shared bucket and the tokens; `Ok(None)` when it owes nothing.
-    /// The tokens stay counted as owed until [`Shares::settled`], so that other callers of the key know a charge
-    /// is in flight.
+    /// Takes what `key` owes, to charge it: the debit not answered yet if there is one (same id, same tokens),
+    /// else a new debit of everything owed, with the id `new_id` gives; `Ok(None)` when it owes nothing. The
+    /// tokens stay counted as owed until [`Shares::settled`], so that other callers of the key know a charge is
+    /// in flight.
     ///
     /// # Errors
     /// [`Busy`] while another charge of the key is in flight: its answer would not count that charge yet.
-    pub(crate) fn take_owed(&self, key: &str) -> Result<Option<(TokenBucket, u64)>, Busy> {
+    pub(crate) fn take_owed(&self, key: &str, new_id: impl FnOnce() -> String) -> Result<Option<Debit>, Busy> {
         let Some(mut entry) = self.map.get_mut(key) else {
             return Ok(None);
         };
         if entry.settling {
             return Err(Busy);
         }
-        if entry.owed == 0 {
-            return Ok(None);
+        if entry.pending.is_none() && entry.owed > 0 {
+            entry.pending = Some((new_id(), std::mem::take(&mut entry.owed)));
         }
+        let Some((id, tokens)) = entry.pending.clone() else {
+            return Ok(None);
+        };
         entry.settling = true;
-        Ok(Some((entry.bucket, std::mem::take(&mut entry.owed))))
+        Ok(Some(Debit {
+            bucket: entry.bucket,
+            tokens,
+            id,
+        }))
     }
 
     /// Holds the key's store calls until `until_ms`: it was just charged, and the other processes, which
@@ -193,37 +230,56 @@ impl Shares {
         (until > now_ms).then(|| until - now_ms)
     }
 
-    /// A charge of `tokens` taken by [`Shares::take_owed`] ended: `carried` of them are still owed (all of them
-    /// when the charge failed, the part the bucket could not absorb otherwise).
-    pub(crate) fn settled(&self, key: &str, bucket: TokenBucket, tokens: u64, carried: u64, now_ms: u64) {
-        let mut entry = self.map.entry(key.to_owned()).or_insert_with(|| Share {
-            bucket,
-            state: Some(empty(bucket.share(self.processes), now_ms)),
-            owed: 0,
-            settling: false,
-            touched_ms: now_ms,
-            held_until_ms: 0,
-        });
+    /// The debit taken by [`Shares::take_owed`] was answered: the store charged `charged` of its tokens, and the
+    /// rest is owed again (to a new debit, once the bucket has refilled); `None` when its answer is not known
+    /// (an error, a timeout): it stays pending, to be sent again as it is.
+    pub(crate) fn settled(&self, key: &str, charged: Option<u64>) {
+        let Some(mut entry) = self.map.get_mut(key) else {
+            return;
+        };
         entry.settling = false;
-        entry.owed = entry.owed.saturating_add(carried);
+        let Some(charged) = charged else {
+            return;
+        };
+        if let Some((_, tokens)) = entry.pending.take() {
+            let charged = charged.min(tokens);
+            entry.owed = entry.owed.saturating_add(tokens - charged);
+            drop(entry);
+            self.owed.fetch_sub(charged, Ordering::AcqRel);
+        }
+    }
+
+    /// Gives up what `key` owes (its pending debit and the rest): the tokens, no longer counted as owed.
+    pub(crate) fn forgive(&self, key: &str) -> u64 {
+        let Some(mut entry) = self.map.get_mut(key) else {
+            return 0;
+        };
+        let pending = entry.pending.take().map_or(0, |(_, tokens)| tokens);
+        let tokens = std::mem::take(&mut entry.owed).saturating_add(pending);
+        entry.settling = false;
         drop(entry);
-        self.owed.fetch_sub(tokens.saturating_sub(carried), Ordering::AcqRel);
+        self.owed.fetch_sub(tokens, Ordering::AcqRel);
+        tokens
     }
 
     /// Forgets the keys untouched for `idle_ms` that owe nothing. Forgetting is always on the safe side: a key
     /// not known starts empty.
     pub(crate) fn sweep(&self, now_ms: u64, idle_ms: u64) {
         self.map.retain(|_, s| {
-            s.owed > 0 || s.settling || s.held_until_ms > now_ms || now_ms.saturating_sub(s.touched_ms) < idle_ms
+            s.owed > 0
+                || s.pending.is_some()
+                || s.settling
+                || s.held_until_ms > now_ms
+                || now_ms.saturating_sub(s.touched_ms) < idle_ms
         });
     }
 
-    /// Every key that owes tokens (for shutdown, when all of it is charged).
-    pub(crate) fn owing_keys(&self) -> Vec<String> {
+    /// Every key that owes tokens, with how many (for shutdown, when all of it is charged).
+    pub(crate) fn owing_keys(&self) -> Vec<(String, u64)> {
         self.map
             .iter()
-            .filter(|e| e.owed > 0)
-            .map(|e| e.key().clone())
+            .map(|e| (e.key().clone(), e.owed + e.pending.as_ref().map_or(0, |(_, t)| *t)))
+            .filter(|(_, tokens)| *tokens > 0)
             .collect()
     }
 }
@@ -270,24 +326,79 @@ mod tests {
         assert_eq!(granted(&shares, 1, 1_000), 0);
     }
 
+    /// Debit ids as a caller hands them out.
+    fn ids() -> impl FnMut() -> String {
+        let mut n = 0;
+        move || {
+            n += 1;
+            format!("d{n}")
+        }
+    }
+
+    #[test]
+    fn the_time_between_a_report_and_the_first_take_after_it_is_not_refilled() {
+        let shares = Shares::new(2, 10);
+        // The store said empty at 0; the outage starts at 600 ms (a turn later, the others leased that refill).
+        shares.report("k", BUCKET, 0, 0);
+        assert_eq!(granted(&shares, 1, 600), 0);
+        // From the first take on, the share refills at its rate: 5 per second.
+        assert_eq!(granted(&shares, 1, 799), 0);
+        assert_eq!(granted(&shares, 1, 800), 1);
+        // A new report: again nothing for the time up to the next take.
+        shares.report("k", BUCKET, 0, 1_000);
+        assert_eq!(granted(&shares, 1, 5_000), 0);
+        assert_eq!(granted(&shares, 1, 5_200), 1);
+    }
+
     #[test]
     fn what_a_share_grants_is_owed_until_its_charge_ends_and_the_unabsorbed_part_is_carried() {
         let shares = Shares::new(2, 10);
+        let mut id = ids();
         shares.report("k", BUCKET, 10, 0);
         assert!(!shares.any_owed());
         assert_eq!(granted(&shares, 2, 0), 2);
         assert_eq!(granted(&shares, 1, 0), 1);
         assert!(shares.any_owed());
-        assert_eq!(shares.take_owed("k"), Ok(Some((BUCKET, 3))));
+        let debit = |tokens: u64, id: &str| Debit {
+            bucket: BUCKET,
+            tokens,
+            id: id.to_owned(),
+        };
+        assert_eq!(shares.take_owed("k", &mut id), Ok(Some(debit(3, "d1"))));
         // While the charge is in flight, other callers of the key know it, and wait.
-        assert_eq!(shares.take_owed("k"), Err(Busy));
+        assert_eq!(shares.take_owed("k", &mut id), Err(Busy));
         assert!(shares.any_owed());
-        // The bucket absorbed 2: 1 is carried to the next charge.
-        shares.settled("k", BUCKET, 3, 1, 0);
-        assert_eq!(shares.take_owed("k"), Ok(Some((BUCKET, 1))));
-        shares.settled("k", BUCKET, 1, 0, 0);
+        // The bucket absorbed 2: 1 is carried to the next charge, a new debit.
+        shares.settled("k", Some(2));
+        assert_eq!(shares.take_owed("k", &mut id), Ok(Some(debit(1, "d2"))));
+        shares.settled("k", Some(1));
         assert!(!shares.any_owed());
-        assert_eq!(shares.take_owed("k"), Ok(None));
+        assert_eq!(shares.take_owed("k", &mut id), Ok(None));
+    }
+
+    #[test]
+    fn a_debit_whose_answer_was_lost_is_sent_again_as_it_was_and_what_was_sold_since_waits_behind_it() {
+        let shares = Shares::new(2, 10);
+        let mut id = ids();
+        shares.report("k", BUCKET, 10, 0);
+        assert_eq!(granted(&shares, 2, 0), 2);
+        let first = shares.take_owed("k", &mut id).expect("not busy").expect("owed");
+        assert_eq!((first.tokens, first.id.as_str()), (2, "d1"));
+        // Timed out: perhaps applied. Another token is sold alone meanwhile.
+        shares.settled("k", None);
+        assert_eq!(granted(&shares, 1, 1_000), 1);
+        let again = shares.take_owed("k", &mut id).expect("not busy").expect("owed");
+        assert_eq!(
+            again, first,
+            "the same debit, same id and tokens: the store applies it once"
+        );
+        shares.settled("k", Some(2));
+        let next = shares.take_owed("k", &mut id).expect("not busy").expect("owed");
+        assert_eq!((next.tokens, next.id.as_str()), (1, "d2"));
+        // Given up: nothing is owed any more, and the forgiven tokens are told.
+        assert_eq!(shares.forgive("k"), 1);
+        assert!(!shares.any_owed());
+        assert_eq!(shares.owing_keys(), []);
     }
 
     #[test]
@@ -321,6 +432,6 @@ mod tests {
         assert!(shares.take("c", BUCKET, 1, 0).is_none());
         shares.sweep(60_000, 60_000);
         assert_eq!(shares.map.len(), 1, "`a` was idle and owed nothing");
-        assert_eq!(shares.owing_keys(), ["k"]);
+        assert_eq!(shares.owing_keys(), [("k".to_owned(), 1)]);
     }
 }

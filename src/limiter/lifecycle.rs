@@ -6,6 +6,12 @@ use std::time::Duration;
 
 use super::{Inner, Limiter};
 use crate::lease::engine::Engine;
+use crate::telemetry;
+
+/// How long [`Limiter::shutdown`] keeps charging what `fail_mode = "local"` admitted alone, past the circuit
+/// breaker, every 100 ms, before it gives the rest up (logged per key and counted in
+/// `tokenlease_debt_dropped_tokens_total`): 5 s, within a Kubernetes pod's default 30 s grace period.
+pub(crate) const DEBT_PATIENCE: Duration = Duration::from_secs(5);
 
 /// How often the sweeper runs: a quarter of the shortest lease TTL, 5 ms to 1 s.
 fn sweep_interval(inner: &Inner) -> Duration {
@@ -56,16 +62,17 @@ impl Limiter {
             returns.spawn(async move { engine.give_back(&compiled, &local, tokens).await });
         }
         // What the local share admitted alone and is not charged yet is charged now, so a restart right after an
-        // outage is no second burst either (a debit that fails now is lost with the process).
+        // outage is no second burst either: past the breaker (right after an outage it is still open), again and
+        // again for up to DEBT_PATIENCE. What is still owed then is logged and counted as dropped.
         let fallback = Arc::clone(&engine.fallback);
-        // Past the breaker, and again for a while if need be: right after an outage the breaker is still open.
-        let patience = engine
-            .store
-            .timeouts
-            .lease
-            .saturating_mul(3)
-            .max(Duration::from_secs(1));
-        returns.spawn(async move { fallback.settle_all(patience).await });
+        let rules = self.all_compiled();
+        returns.spawn(async move {
+            let dropped = |rule: &str, tokens: u64| match rules.iter().find(|c| c.rule.name == rule) {
+                Some(compiled) => compiled.metrics.debt_dropped.increment(tokens),
+                None => telemetry::debt_dropped(rule, tokens),
+            };
+            fallback.settle_all(DEBT_PATIENCE, dropped).await;
+        });
         while returns.join_next().await.is_some() {}
     }
 }

@@ -23,6 +23,13 @@ pub(crate) enum Op {
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`.
     TokenReturn { bucket: TokenBucket, tokens: i64 },
+    /// `token_return.lua` with the debit's mark: charge `tokens` admitted alone, once only, however often the
+    /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for [`DEBIT_MARK_MS`]).
+    Debit {
+        bucket: TokenBucket,
+        tokens: u64,
+        id: String,
+    },
     /// `token_acquire.lua`: take `cost` now, into debt, when the wait for the debt fits in `max_wait_ms`.
     TokenAcquire {
         bucket: TokenBucket,
@@ -70,6 +77,10 @@ pub(crate) enum Op {
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
 }
+
+/// How long a debit's mark is remembered (`token_return.lua` sets it with this PX): a debit sent again later
+/// than this after it was applied would be applied again.
+pub(crate) const DEBIT_MARK_MS: u64 = 600_000;
 
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,6 +182,14 @@ impl Call {
     /// `token_return.lua`: `tokens` back to the bucket, or a debit of `-tokens` when negative.
     pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: i64) -> Self {
         Self::new(key, Op::TokenReturn { bucket, tokens })
+    }
+
+    /// `token_return.lua` with a mark: a debit of `tokens` that is applied once, however often it is sent with the
+    /// same `id` (unique to the debit; it must not hold `}`). What a call sent again answers is what the first
+    /// charged, with the bucket as it is now.
+    pub(crate) fn debit(key: impl Into<String>, bucket: TokenBucket, tokens: u64, id: impl Into<String>) -> Self {
+        let id = id.into();
+        Self::new(key, Op::Debit { bucket, tokens, id })
     }
 
     /// `token_acquire.lua`: take `cost` now and pay later, when the wait fits in `max_wait_ms`.
@@ -368,7 +387,7 @@ impl Call {
     pub(crate) fn script(&self) -> Script {
         match self.op {
             Op::TokenBucket { .. } => Script::TokenBucket,
-            Op::TokenReturn { .. } => Script::TokenReturn,
+            Op::TokenReturn { .. } | Op::Debit { .. } => Script::TokenReturn,
             Op::TokenAcquire { .. } => Script::TokenAcquire,
             Op::SlidingLog { .. } => Script::SlidingLog,
             Op::FixedWindow { .. } => Script::FixedWindow,
@@ -384,12 +403,26 @@ impl Call {
         format!("{}:ban", self.key)
     }
 
-    /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban.
+    /// A debit's mark beside the bucket (same hash tag): the bucket's key ends with `}`, a ban's with `:ban`, a
+    /// mark's with `:debit:` and an id without `}`, so no two keys of any (rule, key) pairs are the same.
+    pub(crate) fn debit_key(&self, id: &str) -> String {
+        format!("{}:debit:{id}", self.key)
+    }
+
+    /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban (a debit's mark
+    /// for a debit).
     pub(crate) fn keys(&self) -> Vec<String> {
+        if let Op::Debit { id, .. } = &self.op {
+            return vec![self.key.clone(), self.debit_key(id)];
+        }
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
-            Op::TokenReturn { .. } | Op::TokenAcquire { .. } | Op::LeakyBucket { .. } | Op::LeakyReturn { .. } => false,
+            Op::TokenReturn { .. }
+            | Op::Debit { .. }
+            | Op::TokenAcquire { .. }
+            | Op::LeakyBucket { .. }
+            | Op::LeakyReturn { .. } => false,
         };
         if banned {
             vec![self.key.clone(), self.ban_key()]
@@ -418,6 +451,11 @@ impl Call {
             Op::TokenReturn { bucket: b, tokens } => {
                 let mut v = bucket(b).to_vec();
                 v.push(Arg::Int(*tokens));
+                v
+            }
+            Op::Debit { bucket: b, tokens, .. } => {
+                let mut v = bucket(b).to_vec();
+                v.push(Arg::Int(ms(*tokens).saturating_neg()));
                 v
             }
             Op::TokenAcquire {
@@ -534,6 +572,9 @@ mod tests {
         let release = Call::release("tl:{q:j}", queue, 1, "m-2");
         assert_eq!(release.args()[3], Arg::Str("m-2"));
         assert_eq!(Call::give_back("tl:{r:k}", b, -3).args()[3], Arg::Int(-3));
+        let debit = Call::debit("tl:{r:k}", b, 3, "p.1-7");
+        assert_eq!(debit.keys(), ["tl:{r:k}", "tl:{r:k}:debit:p.1-7"]);
+        assert_eq!(debit.args(), [10, 1, 1_000, -3].map(Arg::Int));
         assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");
     }
 }

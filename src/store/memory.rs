@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::call::{Call, Op};
+use super::call::{Call, Op, DEBIT_MARK_MS};
 use super::{bad_args, BoxFuture, Store};
 use crate::algorithm::window::{Log, SubBuckets};
 use crate::algorithm::{Ban, FixedWindow, Frame, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
@@ -18,13 +18,18 @@ use crate::error::StoreError;
 /// of the same hash tag): one entry, one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    /// The bucket (`None` = full) and its ban.
-    TokenBucket(Option<TokenBucketState>, Ban),
+    /// The bucket (`None` = full), its ban and the marks of the debits applied to it.
+    TokenBucket(Option<TokenBucketState>, Ban, Marks),
     SlidingLog(Log, Ban),
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
     LeakyBucket(Tat),
 }
+
+/// The debits applied to a bucket, by id: what each charged (tokens) and until when it is remembered (ms). Redis
+/// keeps each in a key of its own beside the bucket (`token_return.lua`); here they live in the bucket's entry, so a
+/// debit and its mark are one step under one lock.
+type Marks = Vec<(String, u64, u64)>;
 
 /// Rate-limit state in a [`DashMap`], one entry per key; each call holds its key's shard lock, so calls on a
 /// key are atomic just as a Lua script is in Redis.
@@ -88,7 +93,7 @@ impl MemoryStore {
     pub(crate) fn token_bucket(&self, key: &str) -> Option<TokenBucketState> {
         match self.map.get(key).as_deref() {
             Some(Entry {
-                state: State::TokenBucket(s, _),
+                state: State::TokenBucket(s, ..),
                 ..
             }) => *s,
             _ => None,
@@ -104,7 +109,10 @@ impl MemoryStore {
         let key = call.key.as_str();
         self.purge(now);
         match &call.op {
-            Op::TokenBucket { bucket, .. } | Op::TokenReturn { bucket, .. } | Op::TokenAcquire { bucket, .. }
+            Op::TokenBucket { bucket, .. }
+            | Op::TokenReturn { bucket, .. }
+            | Op::Debit { bucket, .. }
+            | Op::TokenAcquire { bucket, .. }
                 if bucket.capacity == 0 || bucket.per_ms == 0 =>
             {
                 Err(bad_args(call, "capacity and per_ms must be at least 1"))
@@ -133,6 +141,22 @@ impl MemoryStore {
                 let tokens = tokens.unsigned_abs();
                 self.update_bucket(key, now, |old, _| bucket.give_back(old, tokens, now))
             }
+            Op::Debit { bucket, tokens, id } => self.update_marked(key, now, |old, marks| {
+                marks.retain(|(_, _, until)| *until > now);
+                match marks.iter().find(|(mark, ..)| mark == id) {
+                    // Applied already: what it charged then, the bucket as it is now, nothing written.
+                    Some(&(_, charged, _)) => {
+                        let (_, mut reply) = bucket.debit(old, 0, now);
+                        reply.granted = charged;
+                        (old, reply)
+                    }
+                    None => {
+                        let (new, reply) = bucket.debit(old, *tokens, now);
+                        marks.push((id.clone(), reply.granted, now.saturating_add(DEBIT_MARK_MS)));
+                        (new, reply)
+                    }
+                }
+            }),
             Op::SlidingLog {
                 window_ms,
                 limit,
@@ -248,16 +272,38 @@ impl MemoryStore {
         now: u64,
         f: impl FnOnce(Option<TokenBucketState>, &mut Ban) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
+        self.update_bucket_with(key, now, |old, ban, _| f(old, ban))
+    }
+
+    /// As [`MemoryStore::update_bucket`], for a step that reads and writes the bucket's debit marks.
+    fn update_marked(
+        &self,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(Option<TokenBucketState>, &mut Marks) -> (Option<TokenBucketState>, Reply),
+    ) -> Result<Reply, StoreError> {
+        self.update_bucket_with(key, now, |old, _, marks| f(old, marks))
+    }
+
+    /// Applies a step to the key's bucket, ban and debit marks; the entry lives until the bucket is full, the
+    /// ban ends and the last mark is forgotten, whichever is latest (Redis's TTLs on the keys).
+    fn update_bucket_with(
+        &self,
+        key: &str,
+        now: u64,
+        f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks) -> (Option<TokenBucketState>, Reply),
+    ) -> Result<Reply, StoreError> {
         self.update_until(key, now, |state| {
-            let (old, mut ban) = match state {
-                Some((State::TokenBucket(s, ban), _)) => (s, ban),
-                _ => (None, Ban::default()),
+            let (old, mut ban, mut marks) = match state {
+                Some((State::TokenBucket(s, ban, marks), _)) => (s, ban, marks),
+                _ => (None, Ban::default(), Marks::new()),
             };
-            let (new, reply) = f(old, &mut ban);
+            let (new, reply) = f(old, &mut ban, &mut marks);
             let full_at = new.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
-            let until = full_at.max(ban.until_ms);
+            let marked = marks.iter().map(|(_, _, until)| *until).max().unwrap_or(0);
+            let until = full_at.max(ban.until_ms).max(marked);
             let keep = until > now;
-            (keep.then_some((State::TokenBucket(new, ban), until)), reply)
+            (keep.then_some((State::TokenBucket(new, ban, marks), until)), reply)
         })
     }
 
@@ -303,7 +349,7 @@ impl MemoryStore {
         now: u64,
         f: impl FnOnce(Option<(State, u64)>) -> (Option<(State, u64)>, Reply),
     ) -> Result<Reply, StoreError> {
-        let placeholder = || State::TokenBucket(None, Ban::default());
+        let placeholder = || State::TokenBucket(None, Ban::default(), Marks::new());
         Ok(match self.map.entry(key.to_owned()) {
             dashmap::Entry::Occupied(mut e) => {
                 let old = std::mem::replace(&mut e.get_mut().state, placeholder());

@@ -24,6 +24,11 @@ fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
 }
 
+/// token_return.lua with the debit's mark: KEYS bucket, `{bucket}:debit:{id}`; ARGV capacity, rate, per_ms, −tokens.
+fn debit(key: &str, params: (u64, u64, u64), tokens: u64, id: &str, now: u64) -> Call {
+    Call::debit(key, bucket(params), tokens, id).at(now)
+}
+
 fn acquire(key: &str, params: (u64, u64, u64), cost: u64, max_wait_ms: u64, now: u64) -> Call {
     Call::acquire(key, bucket(params), cost, max_wait_ms).at(now)
 }
@@ -182,6 +187,21 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
                 (give(&k("carry"), ten_per_10s, -3, 5_000), r(0, 0, 0, 20_000)),
                 (give(&k("carry"), ten_per_10s, -3, 5_500), r(0, 0, 0, 19_500)),
                 (give(&k("carry"), ten_per_10s, -3, 6_000), r(1, 0, 0, 20_000)),
+            ],
+        ),
+        (
+            "a debit sent again with its id is applied once: the reply gives what it charged, the bucket as it is",
+            vec![
+                (debit(&k("once"), ten_per_10s, 4, "a", 0), r(4, 6, 0, 4_000)),
+                (debit(&k("once"), ten_per_10s, 4, "a", 500), r(4, 6, 0, 3_500)),
+                (debit(&k("once"), ten_per_10s, 4, "b", 500), r(4, 2, 0, 7_500)),
+                (debit(&k("once"), ten_per_10s, 4, "a", 1_000), r(4, 3, 0, 7_000)),
+                // Full again (Redis deleted the bucket), and the marks are still remembered.
+                (debit(&k("once"), ten_per_10s, 4, "b", 20_000), r(4, 10, 0, 0)),
+                (take(&k("once"), ten_per_10s, 10, 10, 20_000), r(10, 0, 0, 10_000)),
+                // A debit that charged part of its tokens says so again.
+                (debit(&k("once"), ten_per_10s, 25, "c", 20_000), r(10, 0, 0, 20_000)),
+                (debit(&k("once"), ten_per_10s, 25, "c", 20_000), r(10, 0, 0, 20_000)),
             ],
         ),
         (
