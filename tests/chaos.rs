@@ -1,8 +1,9 @@
 //! The chaos suite: a flash sale on one hot key of a real `redis-server`, by four limiters (four "processes",
 //! `expected_processes = 4`, `fail_mode = "local"`), with one fault injected mid-run. Each run asserts the bound
 //! of invariant 1 over the whole sale, `admitted ≤ capacity + rate × (span + lease_ttl)` (plus one capacity where
-//! Redis lost the key's state: it comes back full), no panic, and that the limiter decides from the store again by
-//! itself once the fault is healed.
+//! Redis lost the key's state: it comes back full), and the same bound in every window of the sale, of every
+//! length from 0.2 s to the whole run, at every start (invariant 16: each admission is recorded in a
+//! [`Timeline`]); no panic; and that the limiter decides from the store again by itself once the fault is healed.
 //!
 //! The runs take the machine's two cores in turn (one at a time), so that one run's load is not another's fault.
 
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::proxy::DelayProxy;
+use common::timeline::{Timeline, Worst};
 use common::RedisServer;
 use tokenlease::{FailMode, Lease, Limiter, Rule, Source};
 
@@ -28,6 +30,10 @@ const TIMEOUT: Duration = Duration::from_millis(50);
 /// When the fault starts, and how long the sale goes on after it is healed.
 const BEFORE: Duration = Duration::from_millis(1500);
 const AFTER: Duration = Duration::from_millis(2000);
+/// The shortest window checked (invariant 16).
+const MIN_WINDOW: Duration = Duration::from_millis(200);
+/// Longer than any sale: `BEFORE`, the longest fault (5 s) and `AFTER`.
+const SPAN: Duration = Duration::from_secs(20);
 
 /// One run at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -46,7 +52,6 @@ fn rule() -> Rule {
 }
 
 /// What a sale did.
-#[derive(Debug, Default)]
 struct Sale {
     admitted: u64,
     decisions: u64,
@@ -54,6 +59,33 @@ struct Sale {
     span: Duration,
     /// The limit of invariant 1 over the span.
     bound: f64,
+    /// When the fault started and when it was healed, from the timeline's start.
+    fault: (Duration, Duration),
+    /// Every admission, in 10 ms buckets.
+    timeline: Arc<Timeline>,
+}
+
+impl std::fmt::Debug for Sale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sale")
+            .field("admitted", &self.admitted)
+            .field("decisions", &self.decisions)
+            .field("by_fail_mode", &self.by_fail_mode)
+            .field("span", &self.span)
+            .field("bound", &self.bound)
+            .field("fault", &self.fault)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sale {
+    /// The window of at least [`MIN_WINDOW`] furthest over (or closest to) the bound of invariant 1 for its
+    /// length, plus `lost` capacities for state Redis lost.
+    fn worst(&self, lost: u64) -> Worst {
+        let burst = ((1 + lost) * CAPACITY) as f64;
+        self.timeline
+            .worst(MIN_WINDOW, |w| burst + RATE_PER_S as f64 * (w + TTL).as_secs_f64())
+    }
 }
 
 /// Runs a sale on `url` for [`BEFORE`], then `fault` (which injects the fault, waits, heals it), then [`AFTER`];
@@ -77,16 +109,20 @@ where
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
     );
-    let started = Instant::now();
+    let timeline = Arc::new(Timeline::new(SPAN));
+    let started = timeline.started();
     let mut tasks = tokio::task::JoinSet::new();
     for limiter in &limiters {
         for _ in 0..TASKS {
-            let (limiter, stop) = (limiter.clone(), stop.clone());
+            let (limiter, stop, timeline) = (limiter.clone(), stop.clone(), timeline.clone());
             let (admitted, decisions, by_fail_mode) = (admitted.clone(), decisions.clone(), by_fail_mode.clone());
             tasks.spawn(async move {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let d = limiter.check("sku_buy", "sku:42", 1).await.expect("a decision");
+                    if d.allowed {
+                        timeline.record(1);
+                    }
                     admitted.fetch_add(u64::from(d.allowed), Ordering::Relaxed);
                     decisions.fetch_add(1, Ordering::Relaxed);
                     by_fail_mode.fetch_add(u64::from(d.source == Source::Fallback), Ordering::Relaxed);
@@ -100,7 +136,9 @@ where
     }
     // real time: the fault is done to a real process.
     tokio::time::sleep(BEFORE).await;
+    let fault_started = started.elapsed();
     tokio::task::spawn_blocking(fault).await.expect("the fault ran");
+    let fault = (fault_started, started.elapsed());
     tokio::time::sleep(AFTER).await;
     stop.store(true, Ordering::Relaxed);
     while let Some(joined) = tasks.join_next().await {
@@ -118,6 +156,8 @@ where
         by_fail_mode: by_fail_mode.load(Ordering::Relaxed),
         span,
         bound: CAPACITY as f64 + RATE_PER_S as f64 * secs,
+        fault,
+        timeline,
     }
 }
 
@@ -138,7 +178,8 @@ async fn recovers(limiter: &Limiter) {
     }
 }
 
-/// Asserts the bound (plus `lost` capacities for state Redis lost) and that the sale did run.
+/// Asserts the bound (plus `lost` capacities for state Redis lost) over the whole sale and in every window of
+/// it, and that the sale did run.
 fn assert_within(name: &str, sale: &Sale, lost: u64) {
     let limit = sale.bound + (lost * CAPACITY) as f64;
     eprintln!(
@@ -150,7 +191,16 @@ fn assert_within(name: &str, sale: &Sale, lost: u64) {
         sale.by_fail_mode,
         sale.span
     );
+    let worst = sale.worst(lost);
+    let (from, to) = sale.fault;
+    eprintln!(
+        "{name}: {worst}; fault from {:.2} s to {:.2} s",
+        from.as_secs_f64(),
+        to.as_secs_f64()
+    );
     assert!(sale.admitted as f64 <= limit, "{name}: {sale:?} over {limit}");
+    assert_eq!(sale.timeline.total(), sale.admitted, "{name}: every admission is on the timeline");
+    assert!(worst.ratio <= 1.0, "{name}: {worst}, over the bound; {sale:?}");
     // The sale ran and sold: at least half of what the healthy stretches alone allow.
     let healthy = RATE_PER_S as f64 * (BEFORE + AFTER).as_secs_f64();
     assert!(
@@ -159,23 +209,36 @@ fn assert_within(name: &str, sale: &Sale, lost: u64) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_with_appendfsync_always_down_5_s() {
-    let _serial = SERIAL.lock().await;
+/// A sale through a kill -9 of a Redis that keeps every write (AOF `always`), down for `down`.
+async fn kill_9_keeping_the_data(down: Duration) -> Sale {
     let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let url = server.url();
     let (tx, rx) = std::sync::mpsc::channel();
     let sale = sale(&url, move || {
         server.stop();
         // real time: Redis is down this long.
-        std::thread::sleep(Duration::from_secs(5));
+        std::thread::sleep(down);
         server.restart();
         let _ = tx.send(server);
     })
     .await;
     let _server = rx.recv().expect("the server");
     assert!(sale.by_fail_mode > 0, "the outage was decided by fail_mode: {sale:?}");
+    sale
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_appendfsync_always_down_5_s() {
+    let _serial = SERIAL.lock().await;
+    let sale = kill_9_keeping_the_data(Duration::from_secs(5)).await;
     assert_within("kill -9, AOF always, 5 s", &sale, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_appendfsync_always_down_3_s() {
+    let _serial = SERIAL.lock().await;
+    let sale = kill_9_keeping_the_data(Duration::from_secs(3)).await;
+    assert_within("kill -9, AOF always, 3 s", &sale, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,11 +366,13 @@ fn the_timeline_finds_the_worst_window_at_any_start_and_length() {
     assert_eq!(t.total(), 2500);
     assert_eq!(t.max_in(Duration::from_millis(200)), 500);
     assert_eq!(t.max_in(Duration::from_secs(1)), 1000);
-    // A limit of 1000 per second: 2 s at exactly the rate is within; the burst is 2.5x it in 0.2 s.
+    // A limit of 1000 per second: 2 s at exactly the rate is within; the burst is 2.5x it in 0.2 s. Windows lie
+    // within the run, which ends with the burst's bucket (5.00-5.01 s): the only 0.2 s window holding it starts
+    // at 4.81 s.
     let worst = t.worst(Duration::from_millis(200), |w| 1000.0 * w.as_secs_f64());
     assert_eq!(
         (worst.admitted, worst.window, worst.start),
-        (500, Duration::from_millis(200), Duration::from_millis(4900))
+        (500, Duration::from_millis(200), Duration::from_millis(4810))
     );
     assert!((worst.ratio - 2.5).abs() < 1e-9, "{worst}");
 }
