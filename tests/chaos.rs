@@ -56,6 +56,8 @@ struct Sale {
     admitted: u64,
     decisions: u64,
     by_fail_mode: u64,
+    /// Admitted by fail_mode (each process alone, from its local share).
+    alone: u64,
     span: Duration,
     /// The limit of invariant 1 over the span.
     bound: f64,
@@ -71,6 +73,7 @@ impl std::fmt::Debug for Sale {
             .field("admitted", &self.admitted)
             .field("decisions", &self.decisions)
             .field("by_fail_mode", &self.by_fail_mode)
+            .field("alone", &self.alone)
             .field("span", &self.span)
             .field("bound", &self.bound)
             .field("fault", &self.fault)
@@ -104,7 +107,8 @@ where
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let (admitted, decisions, by_fail_mode) = (
+    let (admitted, decisions, by_fail_mode, alone) = (
+        Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
@@ -115,7 +119,8 @@ where
     for limiter in &limiters {
         for _ in 0..TASKS {
             let (limiter, stop, timeline) = (limiter.clone(), stop.clone(), timeline.clone());
-            let (admitted, decisions, by_fail_mode) = (admitted.clone(), decisions.clone(), by_fail_mode.clone());
+            let (admitted, decisions) = (admitted.clone(), decisions.clone());
+            let (by_fail_mode, alone) = (by_fail_mode.clone(), alone.clone());
             tasks.spawn(async move {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -125,7 +130,9 @@ where
                     }
                     admitted.fetch_add(u64::from(d.allowed), Ordering::Relaxed);
                     decisions.fetch_add(1, Ordering::Relaxed);
-                    by_fail_mode.fetch_add(u64::from(d.source == Source::Fallback), Ordering::Relaxed);
+                    let by_fail_mode_now = d.source == Source::Fallback;
+                    by_fail_mode.fetch_add(u64::from(by_fail_mode_now), Ordering::Relaxed);
+                    alone.fetch_add(u64::from(by_fail_mode_now && d.allowed), Ordering::Relaxed);
                     i += 1;
                     if i.is_multiple_of(64) {
                         tokio::task::yield_now().await;
@@ -154,6 +161,7 @@ where
         admitted: admitted.load(Ordering::Relaxed),
         decisions: decisions.load(Ordering::Relaxed),
         by_fail_mode: by_fail_mode.load(Ordering::Relaxed),
+        alone: alone.load(Ordering::Relaxed),
         span,
         bound: CAPACITY as f64 + RATE_PER_S as f64 * secs,
         fault,
@@ -183,12 +191,14 @@ async fn recovers(limiter: &Limiter) {
 fn assert_within(name: &str, sale: &Sale, lost: u64) {
     let limit = sale.bound + (lost * CAPACITY) as f64;
     eprintln!(
-        "{name}: admitted {} of bound {:.0} ({:.1} %), limit {limit:.0}; {} decisions, {} by fail_mode, span {:?}",
+        "{name}: admitted {} of bound {:.0} ({:.1} %), limit {limit:.0}; {} decisions, {} by fail_mode ({} admitted \
+         alone), span {:?}",
         sale.admitted,
         sale.bound,
         100.0 * sale.admitted as f64 / sale.bound,
         sale.decisions,
         sale.by_fail_mode,
+        sale.alone,
         sale.span
     );
     let worst = sale.worst(lost);
@@ -199,7 +209,11 @@ fn assert_within(name: &str, sale: &Sale, lost: u64) {
         to.as_secs_f64()
     );
     assert!(sale.admitted as f64 <= limit, "{name}: {sale:?} over {limit}");
-    assert_eq!(sale.timeline.total(), sale.admitted, "{name}: every admission is on the timeline");
+    assert_eq!(
+        sale.timeline.total(),
+        sale.admitted,
+        "{name}: every admission is on the timeline"
+    );
     assert!(worst.ratio <= 1.0, "{name}: {worst}, over the bound; {sale:?}");
     // The sale ran and sold: at least half of what the healthy stretches alone allow.
     let healthy = RATE_PER_S as f64 * (BEFORE + AFTER).as_secs_f64();
