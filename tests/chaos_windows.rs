@@ -84,9 +84,9 @@ impl Admissions {
                 *inside.entry(b).or_default() += 1;
             }
         }
-        let (Some(&first), Some(&last)) = (
-            inside.keys().chain(straddling.keys()).min(),
-            inside.keys().chain(straddling.keys().map(|k| k + 1)).max(),
+        let (Some(first), Some(last)) = (
+            inside.keys().chain(straddling.keys()).copied().min(),
+            inside.keys().copied().chain(straddling.keys().map(|k| k + 1)).max(),
         ) else {
             return (0, 0);
         };
