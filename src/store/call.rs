@@ -9,6 +9,9 @@ use crate::algorithm::{LeakyBucket, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
+pub(crate) use window_charge::ChargedWindow;
+
+mod window_charge;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +72,14 @@ pub(crate) enum Op {
     },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
+    /// `window_charge.lua`: write back to a window rule's state what `fail_mode = "local"` admitted alone; the
+    /// charge `id` makes a retry a no-op.
+    WindowCharge {
+        window: ChargedWindow,
+        id: String,
+        /// `(age_ms, tokens)`: tokens admitted `age_ms` before the call runs, on the store's clock.
+        admitted: Vec<(u64, u64)>,
+    },
 }
 
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
@@ -272,6 +283,23 @@ impl Call {
         Self::new(key, Op::LeakyReturn { queue, cost, member })
     }
 
+    /// `window_charge.lua`: write `admitted` (`(age_ms, tokens)`) back to the state of `key` under `window`,
+    /// as the charge `id` (a retry with the same id writes nothing more).
+    pub(crate) fn charge_window(
+        key: impl Into<String>,
+        window: ChargedWindow,
+        id: impl Into<String>,
+        admitted: Vec<(u64, u64)>,
+    ) -> Self {
+        let id = id.into();
+        Self::new(key, Op::WindowCharge { window, id, admitted })
+    }
+
+    /// The key of a window's charges beside the decided key (same hash tag).
+    pub(crate) fn charges_key(&self) -> String {
+        format!("{}:charges", self.key)
+    }
+
     /// `reset.lua`: forget the state of `key` (bucket, log, window or queue) and its ban.
     pub(crate) fn reset(key: impl Into<String>) -> Self {
         Self::new(key, Op::Reset)
@@ -351,6 +379,13 @@ impl Call {
         }
     }
 
+    /// The windows of `zone` around this process's clock (or the call's `now_ms`) and its neighbours: the
+    /// script picks the one holding the Redis server's TIME (invariant 6).
+    fn zone_bounds(&self, zone: &crate::rule::Zone, window_ms: u64) -> [i64; 4] {
+        let now = self.now_ms.map_or_else(crate::rule::wall_clock_ms, ms);
+        zone.bounds(window_ms, now)
+    }
+
     /// The same call replayed at `now_ms` (tests).
     #[cfg(test)]
     pub(crate) fn at(mut self, now_ms: u64) -> Self {
@@ -376,6 +411,7 @@ impl Call {
             Op::LeakyBucket { .. } => Script::LeakyBucket,
             Op::LeakyReturn { .. } => Script::LeakyReturn,
             Op::Reset => Script::Reset,
+            Op::WindowCharge { .. } => Script::WindowCharge,
         }
     }
 
@@ -386,10 +422,17 @@ impl Call {
 
     /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban.
     pub(crate) fn keys(&self) -> Vec<String> {
+        if let Op::WindowCharge { .. } = self.op {
+            return vec![self.key.clone(), self.charges_key()];
+        }
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
-            Op::TokenReturn { .. } | Op::TokenAcquire { .. } | Op::LeakyBucket { .. } | Op::LeakyReturn { .. } => false,
+            Op::TokenReturn { .. }
+            | Op::TokenAcquire { .. }
+            | Op::LeakyBucket { .. }
+            | Op::LeakyReturn { .. }
+            | Op::WindowCharge { .. } => false,
         };
         if banned {
             vec![self.key.clone(), self.ban_key()]
@@ -448,14 +491,22 @@ impl Call {
                     None => v.push(Arg::Int(-1)),
                     Some(Calendar::Offset { align_ms }) => v.push(int(*align_ms)),
                     Some(Calendar::Zone(zone)) => {
-                        // The window around this process's clock and its neighbours: the script picks the one
-                        // holding the Redis server's TIME (invariant 6).
-                        let now = self.now_ms.map_or_else(crate::rule::wall_clock_ms, ms);
                         v.push(Arg::Int(-2));
-                        v.extend(zone.bounds(*window_ms, now).map(Arg::Int));
+                        v.extend(self.zone_bounds(zone, *window_ms).map(Arg::Int));
                     }
                 }
                 v
+            }
+            Op::WindowCharge { window, id, admitted } => {
+                let bounds = match window {
+                    ChargedWindow::FixedWindow {
+                        window_ms,
+                        calendar: Some(Calendar::Zone(zone)),
+                        ..
+                    } => self.zone_bounds(zone, *window_ms),
+                    _ => [0; 4],
+                };
+                window.args(bounds, id, admitted)
             }
             Op::SlidingWindow {
                 window_ms,
