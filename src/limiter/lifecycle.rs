@@ -65,7 +65,9 @@ impl Limiter {
             .lease
             .saturating_mul(3)
             .max(Duration::from_secs(1));
+        let windows = Arc::clone(&fallback);
         returns.spawn(async move { fallback.settle_all(patience).await });
+        returns.spawn(async move { windows.settle_all_windows(patience).await });
         while returns.join_next().await.is_some() {}
     }
 }
