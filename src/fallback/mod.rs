@@ -6,7 +6,9 @@
 //!   per key that follows what the store reports and owes what it admits ([`share`]); the debt is charged to the
 //!   shared bucket (a debit of `token_return.lua`) before the key's next lease or call, or at shutdown, so the
 //!   return to the shared limit is not a second burst on top of the local one (invariant 12 of
-//!   docs/ARCHITECTURE.md).
+//!   docs/ARCHITECTURE.md). A window rule's share is `remaining / processes` of the window the store last
+//!   reported and `limit / processes` of each later one; what it admits is written back to the shared window
+//!   (`window_charge.lua`) before the key's next store call or at shutdown ([`windows`], invariant 16).
 //!
 //! Only a store error or a store call's own timeout brings a key here; a caller that merely waited long for a
 //! lease in flight is refused locally by the lease engine (invariant 13).
