@@ -6,12 +6,15 @@
 //!   per key that follows what the store reports and owes what it admits ([`share`]); the debt is charged to the
 //!   shared bucket (a debit of `token_return.lua`) before the key's next lease or call, or at shutdown, so the
 //!   return to the shared limit is not a second burst on top of the local one (invariant 12 of
-//!   docs/ARCHITECTURE.md).
+//!   docs/ARCHITECTURE.md). A window rule's share is `remaining / processes` of the window the store last
+//!   reported and `limit / processes` of each later one; what it admits is written back to the shared window
+//!   (`window_charge.lua`) before the key's next store call or at shutdown ([`windows`], invariant 16).
 //!
 //! Only a store error or a store call's own timeout brings a key here; a caller that merely waited long for a
 //! lease in flight is refused locally by the lease engine (invariant 13).
 
 mod share;
+mod windows;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,10 +27,11 @@ use crate::compiled::Compiled;
 use crate::decision::{Decision, Source};
 use crate::error::{FailReason, StoreError};
 use crate::rule::{Algorithm, FailMode};
-use crate::store::call::{Call, Members};
+use crate::store::call::{Call, ChargedWindow, Members};
 use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
 use share::{Debit, Shares};
+use windows::WindowShares;
 
 /// Why a key's debt was not settled before its store call.
 #[derive(Debug)]
@@ -59,7 +63,9 @@ pub(crate) struct Fallback {
     processes: u64,
     /// The token buckets' local shares and their debts.
     buckets: Shares,
-    /// The other algorithms' local shares, in process.
+    /// The window rules' local shares and what they owe.
+    window_shares: WindowShares,
+    /// The leaky buckets' local shares, in process.
     windows: MemoryStore,
     /// Unique members of the local share's sliding-log and leaky-bucket calls.
     members: Arc<Members>,
@@ -83,6 +89,7 @@ impl Fallback {
         Self {
             processes: processes.max(1),
             buckets: Shares::new(processes, max_keys),
+            window_shares: WindowShares::new(max_keys, clock.as_ref()),
             windows,
             members,
             decided: Default::default(),
@@ -132,10 +139,17 @@ impl Fallback {
                     Algorithm::TokenBucket { bucket, .. } => {
                         self.buckets.take(store_key, *bucket, cost, self.now_ms()).ok_or(())
                     }
-                    _ => {
-                        let call = Call::check(algorithm, store_key, cost, self.processes, &self.members);
-                        self.windows.run_sync(&call).map_err(|_| ())
-                    }
+                    other => match ChargedWindow::of(other) {
+                        // Invariant 16: this process's share of what the window had left, written back later.
+                        Some(window) => {
+                            let now = self.now_ms();
+                            (self.window_shares.take(store_key, &window, cost, self.processes(), now)).ok_or(())
+                        }
+                        None => {
+                            let call = Call::check(algorithm, store_key, cost, self.processes, &self.members);
+                            self.windows.run_sync(&call).map_err(|_| ())
+                        }
+                    },
                 };
                 match reply {
                     Ok(reply) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
@@ -175,9 +189,15 @@ impl Fallback {
         call: &Call,
     ) -> Result<Reply, Unsettled> {
         self.settle(store_key, algorithm).await?;
+        let window = ChargedWindow::of(algorithm);
+        self.settle_window(store_key, window.as_ref()).await?;
         let reply = self.store.run(call).await.map_err(Unsettled::Failed)?;
-        if let (FailMode::Local, Algorithm::TokenBucket { bucket, .. }) = (mode, algorithm) {
-            self.report(store_key, *bucket, reply.remaining);
+        match (mode, algorithm, window) {
+            (FailMode::Local, Algorithm::TokenBucket { bucket, .. }, _) => {
+                self.report(store_key, *bucket, reply.remaining);
+            }
+            (FailMode::Local, _, Some(window)) => self.window_shares.report(store_key, &window, &reply, self.now_ms()),
+            _ => {}
         }
         Ok(reply)
     }
@@ -267,6 +287,7 @@ impl Fallback {
     pub(crate) fn sweep(&self, idle: Duration) {
         let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
         self.buckets.sweep(self.now_ms(), idle_ms);
+        self.window_shares.sweep(self.now_ms(), idle_ms);
     }
 
     /// Charges everything owed, for shutdown: past the circuit breaker (right after an outage it is still open),

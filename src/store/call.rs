@@ -9,6 +9,9 @@ use crate::algorithm::{LeakyBucket, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
+pub(crate) use window_charge::ChargedWindow;
+
+mod window_charge;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +79,14 @@ pub(crate) enum Op {
     },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
+    /// `window_charge.lua`: write back to a window rule's state what `fail_mode = "local"` admitted alone; the
+    /// charge `id` makes a retry a no-op.
+    WindowCharge {
+        window: ChargedWindow,
+        id: String,
+        /// `(age_ms, tokens)`: tokens admitted `age_ms` before the call runs, on the store's clock.
+        admitted: Vec<(u64, u64)>,
+    },
 }
 
 /// How long a debit's mark is remembered (`token_return.lua` sets it with this PX): a debit sent again later
@@ -291,6 +302,23 @@ impl Call {
         Self::new(key, Op::LeakyReturn { queue, cost, member })
     }
 
+    /// `window_charge.lua`: write `admitted` (`(age_ms, tokens)`) back to the state of `key` under `window`,
+    /// as the charge `id` (a retry with the same id writes nothing more).
+    pub(crate) fn charge_window(
+        key: impl Into<String>,
+        window: ChargedWindow,
+        id: impl Into<String>,
+        admitted: Vec<(u64, u64)>,
+    ) -> Self {
+        let id = id.into();
+        Self::new(key, Op::WindowCharge { window, id, admitted })
+    }
+
+    /// The key of a window's charges beside the decided key (same hash tag).
+    pub(crate) fn charges_key(&self) -> String {
+        format!("{}:charges", self.key)
+    }
+
     /// `reset.lua`: forget the state of `key` (bucket, log, window or queue) and its ban.
     pub(crate) fn reset(key: impl Into<String>) -> Self {
         Self::new(key, Op::Reset)
@@ -370,6 +398,13 @@ impl Call {
         }
     }
 
+    /// The windows of `zone` around this process's clock (or the call's `now_ms`) and its neighbours: the
+    /// script picks the one holding the Redis server's TIME (invariant 6).
+    fn zone_bounds(&self, zone: &crate::rule::Zone, window_ms: u64) -> [i64; 4] {
+        let now = self.now_ms.map_or_else(crate::rule::wall_clock_ms, ms);
+        zone.bounds(window_ms, now)
+    }
+
     /// The same call replayed at `now_ms` (tests).
     #[cfg(test)]
     pub(crate) fn at(mut self, now_ms: u64) -> Self {
@@ -395,6 +430,7 @@ impl Call {
             Op::LeakyBucket { .. } => Script::LeakyBucket,
             Op::LeakyReturn { .. } => Script::LeakyReturn,
             Op::Reset => Script::Reset,
+            Op::WindowCharge { .. } => Script::WindowCharge,
         }
     }
 
@@ -415,6 +451,9 @@ impl Call {
         if let Op::Debit { id, .. } = &self.op {
             return vec![self.key.clone(), self.debit_key(id)];
         }
+        if let Op::WindowCharge { .. } = self.op {
+            return vec![self.key.clone(), self.charges_key()];
+        }
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
@@ -422,7 +461,8 @@ impl Call {
             | Op::Debit { .. }
             | Op::TokenAcquire { .. }
             | Op::LeakyBucket { .. }
-            | Op::LeakyReturn { .. } => false,
+            | Op::LeakyReturn { .. }
+            | Op::WindowCharge { .. } => false,
         };
         if banned {
             vec![self.key.clone(), self.ban_key()]
@@ -486,14 +526,22 @@ impl Call {
                     None => v.push(Arg::Int(-1)),
                     Some(Calendar::Offset { align_ms }) => v.push(int(*align_ms)),
                     Some(Calendar::Zone(zone)) => {
-                        // The window around this process's clock and its neighbours: the script picks the one
-                        // holding the Redis server's TIME (invariant 6).
-                        let now = self.now_ms.map_or_else(crate::rule::wall_clock_ms, ms);
                         v.push(Arg::Int(-2));
-                        v.extend(zone.bounds(*window_ms, now).map(Arg::Int));
+                        v.extend(self.zone_bounds(zone, *window_ms).map(Arg::Int));
                     }
                 }
                 v
+            }
+            Op::WindowCharge { window, id, admitted } => {
+                let bounds = match window {
+                    ChargedWindow::FixedWindow {
+                        window_ms,
+                        calendar: Some(Calendar::Zone(zone)),
+                        ..
+                    } => self.zone_bounds(zone, *window_ms),
+                    _ => [0; 4],
+                };
+                window.args(bounds, id, admitted)
             }
             Op::SlidingWindow {
                 window_ms,
@@ -533,48 +581,4 @@ impl Call {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_and_argv_follow_the_script_headers() {
-        let b = TokenBucket {
-            capacity: 10,
-            rate: 1,
-            per_ms: 1_000,
-        };
-        let take = Call::take("tl:{r:k}", b, 2, 5).at(7);
-        assert_eq!(take.keys(), ["tl:{r:k}"]);
-        let ints = [10, 1, 1_000, 2, 5, 7].map(Arg::Int);
-        assert_eq!(take.args(), ints);
-        let banned = Call::take_or_ban("tl:{r:k}", b, 1, 60_000);
-        assert_eq!(banned.keys(), ["tl:{r:k}", "tl:{r:k}:ban"]);
-        assert_eq!(banned.args(), [10, 1, 1_000, 1, 1, 60_000].map(Arg::Int));
-        let log = Call::sliding_log("tl:{l:u}", (60_000, 5), 1, 0, "m-1");
-        assert_eq!(
-            log.args(),
-            [Arg::Int(60_000), Arg::Int(5), Arg::Int(1), Arg::Str("m-1"), Arg::Int(0)]
-        );
-        let rolling = Call::fixed_window("tl:{f:u}", (1_000, 3), 1, 0, None);
-        assert_eq!(rolling.args().last(), Some(&Arg::Int(-1)));
-        let queue = LeakyBucket { rate: 5, per_ms: 1_000 };
-        let reserve = Call::reserve("tl:{q:j}", queue, 1, 30_000, "m-2");
-        assert_eq!(
-            reserve.args(),
-            [
-                Arg::Int(5),
-                Arg::Int(1_000),
-                Arg::Int(1),
-                Arg::Int(30_000),
-                Arg::Str("m-2")
-            ]
-        );
-        let release = Call::release("tl:{q:j}", queue, 1, "m-2");
-        assert_eq!(release.args()[3], Arg::Str("m-2"));
-        assert_eq!(Call::give_back("tl:{r:k}", b, -3).args()[3], Arg::Int(-3));
-        let debit = Call::debit("tl:{r:k}", b, 3, "p.1-7");
-        assert_eq!(debit.keys(), ["tl:{r:k}", "tl:{r:k}:debit:p.1-7"]);
-        assert_eq!(debit.args(), [10, 1, 1_000, -3].map(Arg::Int));
-        assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");
-    }
-}
+mod tests;

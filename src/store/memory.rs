@@ -1,18 +1,20 @@
 //! The in-process store: the embedded default when no Redis is configured, the `local` fail mode's state,
 //! and the second target of every store test. It runs the very math of [`crate::algorithm`].
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::call::{Call, Op, DEBIT_MARK_MS};
+use super::call::{Call, ChargedWindow, Op, DEBIT_MARK_MS};
 use super::{bad_args, BoxFuture, Store};
 use crate::algorithm::window::{Log, SubBuckets};
 use crate::algorithm::{Ban, FixedWindow, Frame, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Source;
 use crate::error::StoreError;
+use crate::rule::Calendar;
 
 /// Per-key state of the in-process store. The ban lives beside the window (Redis keeps it in a second key
 /// of the same hash tag): one entry, one lock.
@@ -24,6 +26,8 @@ enum State {
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
     LeakyBucket(Tat),
+    /// The ids of the charges applied to a window (`window_charge.lua`'s second key).
+    Charges(BTreeSet<String>),
 }
 
 /// The debits applied to a bucket, by id: what each charged (tokens) and until when it is remembered (ms). Redis
@@ -187,20 +191,10 @@ impl MemoryStore {
                 calendar,
             } => {
                 check_window(call, *window_ms, *limit)?;
-                let frame = match calendar {
-                    None => Frame::Rolling,
-                    Some(calendar) => {
-                        // A call's own `now_ms` is ms since the Unix epoch, as Redis's TIME.
-                        let shift = if call.now_ms.is_some() { 0 } else { self.wall_shift_ms };
-                        let wall = i64::try_from(now).unwrap_or(i64::MAX).saturating_add(shift);
-                        let (start, end) = calendar.window(*window_ms, wall);
-                        Frame::Between(start - shift, end - shift)
-                    }
-                };
                 let algo = FixedWindow {
                     limit: *limit,
                     window_ms: *window_ms,
-                    frame,
+                    frame: self.frame(call, calendar.as_ref(), *window_ms, now),
                 };
                 self.update(key, now, |state| {
                     let (mut count, mut ban) = match state {
@@ -219,9 +213,7 @@ impl MemoryStore {
                 ban_ms,
             } => {
                 check_window(call, *window_ms, *limit)?;
-                if *sub_buckets == 0 || window_ms < sub_buckets || window_ms % sub_buckets != 0 {
-                    return Err(bad_args(call, "sub_buckets must divide window_ms"));
-                }
+                check_sub_buckets(call, *window_ms, *sub_buckets)?;
                 let algo = SlidingWindow {
                     limit: *limit,
                     window_ms: *window_ms,
@@ -250,6 +242,7 @@ impl MemoryStore {
             Op::LeakyReturn { queue, cost, member } => {
                 self.update_queue(key, now, |tat| queue.give_back(tat, *cost, member, now))
             }
+            Op::WindowCharge { window, id, admitted } => self.charge_window(call, window, id, admitted, now),
             Op::Reset => {
                 // The ban lives in the entry here (a second key in Redis).
                 self.map.remove(key);
@@ -260,6 +253,109 @@ impl MemoryStore {
                     reset_after_ms: 0,
                 })
             }
+        }
+    }
+
+    /// Where the fixed window holding `now` starts and ends: rolling, or cut by `calendar` on the wall clock.
+    fn frame(&self, call: &Call, calendar: Option<&Calendar>, window_ms: u64, now: u64) -> Frame {
+        match calendar {
+            None => Frame::Rolling,
+            Some(calendar) => {
+                // A call's own `now_ms` is ms since the Unix epoch, as Redis's TIME.
+                let shift = if call.now_ms.is_some() { 0 } else { self.wall_shift_ms };
+                let wall = i64::try_from(now).unwrap_or(i64::MAX).saturating_add(shift);
+                let (start, end) = calendar.window(window_ms, wall);
+                Frame::Between(start - shift, end - shift)
+            }
+        }
+    }
+
+    /// `window_charge.lua`: writes `admitted` (`(age_ms, tokens)`) back to the window of `call`'s key unless the
+    /// charge `id` was applied already (its ledger is a second key, kept 2 windows after the last charge).
+    fn charge_window(
+        &self,
+        call: &Call,
+        window: &ChargedWindow,
+        id: &str,
+        admitted: &[(u64, u64)],
+        now: u64,
+    ) -> Result<Reply, StoreError> {
+        let key = call.key.as_str();
+        let (w, limit) = match window {
+            ChargedWindow::FixedWindow { window_ms, limit, .. }
+            | ChargedWindow::SlidingWindow { window_ms, limit, .. }
+            | ChargedWindow::SlidingLog { window_ms, limit } => (*window_ms, *limit),
+        };
+        check_window(call, w, limit)?;
+        if let ChargedWindow::SlidingWindow { sub_buckets, .. } = window {
+            check_sub_buckets(call, w, *sub_buckets)?;
+        }
+        let admitted: Vec<(u64, u64)> = if self.first_charge(&call.charges_key(), id, now, w.saturating_mul(2)) {
+            admitted.iter().map(|&(age, n)| (now.saturating_sub(age), n)).collect()
+        } else {
+            Vec::new()
+        };
+        match window {
+            ChargedWindow::SlidingLog { .. } => {
+                let algo = SlidingLog { limit, window_ms: w };
+                self.update(key, now, |state| {
+                    let (mut log, ban) = match state {
+                        Some(State::SlidingLog(log, ban)) => (log, ban),
+                        _ => Default::default(),
+                    };
+                    let reply = algo.charge(&mut log, &admitted, now);
+                    let keep = !log.is_empty() || ban.until_ms > now;
+                    (keep.then_some(State::SlidingLog(log, ban)), reply)
+                })
+            }
+            ChargedWindow::FixedWindow { calendar, .. } => {
+                let algo = FixedWindow {
+                    limit,
+                    window_ms: w,
+                    frame: self.frame(call, calendar.as_ref(), w, now),
+                };
+                self.update(key, now, |state| {
+                    let (mut count, ban) = match state {
+                        Some(State::FixedWindow(count, ban)) => (count, ban),
+                        _ => Default::default(),
+                    };
+                    let reply = algo.charge(&mut count, &admitted, now);
+                    (Some(State::FixedWindow(count, ban)), reply)
+                })
+            }
+            ChargedWindow::SlidingWindow { sub_buckets, .. } => {
+                let algo = SlidingWindow {
+                    limit,
+                    window_ms: w,
+                    sub_buckets: *sub_buckets,
+                };
+                self.update(key, now, |state| {
+                    let (mut subs, ban) = match state {
+                        Some(State::SlidingWindow(subs, ban)) => (subs, ban),
+                        _ => Default::default(),
+                    };
+                    let reply = algo.charge(&mut subs, &admitted, now);
+                    let keep = !subs.is_empty() || ban.until_ms > now;
+                    (keep.then_some(State::SlidingWindow(subs, ban)), reply)
+                })
+            }
+        }
+    }
+
+    /// Records the charge `id` in the ledger `key`, kept `keep_ms` from `now`: whether it was not there yet.
+    fn first_charge(&self, key: &str, id: &str, now: u64, keep_ms: u64) -> bool {
+        let until = now.saturating_add(keep_ms);
+        let mut entry = self.map.entry(key.to_owned()).or_insert_with(|| Entry {
+            state: State::Charges(BTreeSet::new()),
+            expires_at_ms: until,
+        });
+        if entry.expires_at_ms <= now || !matches!(entry.state, State::Charges(_)) {
+            entry.state = State::Charges(BTreeSet::new());
+        }
+        entry.expires_at_ms = until;
+        match &mut entry.state {
+            State::Charges(ids) => ids.insert(id.to_owned()),
+            _ => false,
         }
     }
 
@@ -393,6 +489,14 @@ impl MemoryStore {
 fn check_window(call: &Call, window_ms: u64, limit: u64) -> Result<(), StoreError> {
     if window_ms == 0 || limit == 0 {
         return Err(bad_args(call, "window_ms and limit must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Sub-buckets divide the window, as `sliding_window.lua` requires.
+fn check_sub_buckets(call: &Call, window_ms: u64, sub_buckets: u64) -> Result<(), StoreError> {
+    if sub_buckets == 0 || window_ms < sub_buckets || !window_ms.is_multiple_of(sub_buckets) {
+        return Err(bad_args(call, "sub_buckets must divide window_ms"));
     }
     Ok(())
 }

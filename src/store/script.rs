@@ -1,7 +1,7 @@
 //! The scripts of `lua/`: their names (the `script` metric label) and their source, loaded once per server
 //! (`redis.rs`) and mirrored by the in-process store (`memory.rs`).
 
-/// The scripts of `lua/`: one per algorithm, the give-backs, and `reset`.
+/// The scripts of `lua/`: one per algorithm, the give-backs, the window charge, and `reset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Script {
     TokenBucket,
@@ -13,11 +13,12 @@ pub(crate) enum Script {
     LeakyReturn,
     TokenAcquire,
     Reset,
+    WindowCharge,
 }
 
 impl Script {
     /// Every script, in declaration order (the index of its hash and of its metric handles).
-    pub(crate) const ALL: [Script; 9] = [
+    pub(crate) const ALL: [Script; 10] = [
         Self::TokenBucket,
         Self::TokenReturn,
         Self::SlidingLog,
@@ -27,6 +28,7 @@ impl Script {
         Self::LeakyReturn,
         Self::TokenAcquire,
         Self::Reset,
+        Self::WindowCharge,
     ];
 
     /// The script's name: its file name without `.lua`, and the `script` metric label.
@@ -41,6 +43,7 @@ impl Script {
             Self::LeakyReturn => "leaky_return",
             Self::TokenAcquire => "token_acquire",
             Self::Reset => "reset",
+            Self::WindowCharge => "window_charge",
         }
     }
 
@@ -56,6 +59,7 @@ impl Script {
             Self::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
             Self::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
             Self::Reset => include_str!("../../lua/reset.lua"),
+            Self::WindowCharge => include_str!("../../lua/window_charge.lua"),
         }
     }
 }
