@@ -78,7 +78,7 @@ fn series(rule: &Rule, fail_mode: FailMode) -> Series {
         leases: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { lease: Some(_), .. })),
         queue: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. })),
         shadow: rule.shadow,
-        debts: fail_mode == FailMode::Local && algorithms().any(|a| matches!(a, Algorithm::TokenBucket { .. })),
+        debts: fail_mode == FailMode::Local,
     }
 }
 

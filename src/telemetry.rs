@@ -159,7 +159,8 @@ pub(crate) struct Series {
     pub(crate) queue: bool,
     /// The rule is in shadow mode: `shadow_rejected` decisions.
     pub(crate) shadow: bool,
-    /// The rule's token buckets sell alone under `fail_mode = "local"`: debts that may be dropped.
+    /// The rule sells alone under `fail_mode = "local"`: debts (a token bucket's) or write-backs (a window's)
+    /// that shutdown may give up.
     pub(crate) debts: bool,
 }
 

@@ -23,9 +23,16 @@ fn rule() -> Rule {
         .with_fail_mode(FailMode::Local)
 }
 
+/// 100 posts per hour, a fixed window: what it admits alone is written back to the window.
+fn posts() -> Rule {
+    Rule::fixed_window("posts", 100, Duration::from_secs(3600))
+        .expect("rule")
+        .with_fail_mode(FailMode::Local)
+}
+
 /// A single process on `url`: its local share is the whole of what Redis last reported.
 fn process(url: &str) -> Limiter {
-    common::limiter([rule()])
+    common::limiter([rule(), posts()])
         .redis_url(url)
         .timeout(TIMEOUT)
         .expected_processes(1)
@@ -133,8 +140,8 @@ async fn a_debit_applied_after_its_timeout_is_charged_once() {
 }
 
 /// A process that shuts down while Redis is still away keeps trying for shutdown's patience (5 s), then gives the
-/// debt up: counted per rule in `tokenlease_debt_dropped_tokens_total`, so an operator sees how far over the limit
-/// the fleet may have gone.
+/// debt up (a token bucket's debit, a window's write-back): counted per rule in
+/// `tokenlease_debt_dropped_tokens_total`, so an operator sees how far over the limit the fleet may have gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debt_given_up_at_shutdown_is_counted_per_rule() {
     let mut server = common::RedisServer::start();
@@ -143,6 +150,8 @@ async fn debt_given_up_at_shutdown_is_counted_per_rule() {
     let l = metrics::with_local_recorder(&recorder, || process(&server.url()));
     let mut tally = Tally::default();
     assert!(tally.check(&l).await.allowed);
+    // The window's store answer: 99 left this hour, all of it this process's share.
+    assert!(l.check("posts", "u", 1).await.expect("a decision").allowed);
     server.stop();
     let deadline = Instant::now() + Duration::from_secs(10);
     while tally.alone < 7 {
@@ -151,20 +160,31 @@ async fn debt_given_up_at_shutdown_is_counted_per_rule() {
         // real time: waits for the breaker while redis-server is down.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let mut posted = 0;
+    for _ in 0..5 {
+        let d = l.check("posts", "u", 1).await.expect("a decision");
+        assert_eq!(d.source, Source::Fallback, "{d:?}");
+        posted += u64::from(d.allowed);
+    }
+    assert_eq!(posted, 5, "the window's share admits alone");
     let started = Instant::now();
     l.shutdown().await;
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(5), "gave up after {waited:?}");
-    let dropped: u64 = snapshot
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.kind() == MetricKind::Counter && k.key().name() == "tokenlease_debt_dropped_tokens_total")
-        .filter(|(k, ..)| k.key().labels().any(|l| l.key() == "rule" && l.value() == "stock"))
-        .map(|(.., v)| match v {
-            DebugValue::Counter(c) => c,
-            _ => 0,
-        })
-        .sum();
-    assert_eq!(dropped, tally.alone, "{tally:?}");
+    let metrics = snapshot.snapshot().into_vec();
+    let dropped = |rule: &str| -> u64 {
+        metrics
+            .iter()
+            .filter(|(k, ..)| {
+                k.kind() == MetricKind::Counter && k.key().name() == "tokenlease_debt_dropped_tokens_total"
+            })
+            .filter(|(k, ..)| k.key().labels().any(|l| l.key() == "rule" && l.value() == rule))
+            .map(|(.., v)| match v {
+                DebugValue::Counter(c) => *c,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(dropped("stock"), tally.alone, "{tally:?}");
+    assert_eq!(dropped("posts"), posted);
 }

@@ -34,9 +34,7 @@ use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::store::call::{Call, ChargedWindow};
 
-/// Another charge of the key is in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Busy;
+use super::share::Busy;
 
 /// A store's answer for a key, as this process saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -363,12 +361,15 @@ impl WindowShares {
         }
     }
 
-    /// Drops what `key` owes (its rule is no longer a window: writing it would corrupt the new state).
-    pub(crate) fn forget(&self, key: &str) {
-        if let Some((_, share)) = self.map.remove(key) {
-            let tokens: u64 = share.admitted().map(|(_, n)| n).sum();
-            self.owed.fetch_sub(tokens, Ordering::AcqRel);
-        }
+    /// Drops what `key` owes (its rule is no longer a window: writing it would corrupt the new state; or
+    /// shutdown gave up) and returns how many tokens that was.
+    pub(crate) fn forget(&self, key: &str) -> u64 {
+        let Some((_, share)) = self.map.remove(key) else {
+            return 0;
+        };
+        let tokens: u64 = share.admitted().map(|(_, n)| n).sum();
+        self.owed.fetch_sub(tokens, Ordering::AcqRel);
+        tokens
     }
 
     /// Holds the key's store calls until `until_ms`: it was just charged, and the other processes, which
@@ -434,7 +435,7 @@ impl Fallback {
         }
         let Some(window) = window else {
             tracing::warn!(key = %store_key, "admissions of a key that is no longer a window rule are dropped");
-            shares.forget(store_key);
+            let _ = shares.forget(store_key);
             return Ok(());
         };
         let mut charged = false;
@@ -504,8 +505,10 @@ impl Fallback {
     }
 
     /// Writes back everything the window shares owe, for shutdown: past the circuit breaker, again and again
-    /// until nothing is owed or `patience` has passed; what is still owed then is lost with the process (logged).
-    pub(crate) async fn settle_all_windows(self: &Arc<Self>, patience: Duration) {
+    /// until nothing is owed or `patience` has passed. What is still owed then is given up: each key is logged
+    /// (WARN, with its rule, key and tokens) and its tokens passed to `dropped(rule, tokens)`, as
+    /// [`Fallback::settle_all`] does for token buckets.
+    pub(crate) async fn settle_all_windows(self: &Arc<Self>, patience: Duration, dropped: impl Fn(&str, u64)) {
         let deadline = tokio::time::Instant::now() + patience;
         while self.window_shares.any_owed() {
             let mut charges = tokio::task::JoinSet::new();
@@ -521,11 +524,19 @@ impl Fallback {
                 return;
             }
             if tokio::time::Instant::now() >= deadline {
-                let keys = self.window_shares.owing_keys().len();
-                tracing::warn!(
-                    keys,
-                    "shut down owing what fail_mode local admitted alone on window rules: the store did not answer"
-                );
+                for (key, _) in self.window_shares.owing_keys() {
+                    let tokens = self.window_shares.forget(&key);
+                    let (rule, user_key) = super::split_store_key(&key);
+                    tracing::warn!(
+                        rule,
+                        key = user_key,
+                        tokens,
+                        waited = ?patience,
+                        "shut down owing what fail_mode local admitted alone on a window rule: the store did not \
+                         take the write-back, so its window may have admitted this many over the limit"
+                    );
+                    dropped(rule, tokens);
+                }
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -66,15 +66,16 @@ impl Limiter {
         // again for up to DEBT_PATIENCE. What is still owed then is logged and counted as dropped.
         let fallback = Arc::clone(&engine.fallback);
         let rules = self.all_compiled();
-        let windows = Arc::clone(&fallback);
         returns.spawn(async move {
             let dropped = |rule: &str, tokens: u64| match rules.iter().find(|c| c.rule.name == rule) {
                 Some(compiled) => compiled.metrics.debt_dropped.increment(tokens),
                 None => telemetry::debt_dropped(rule, tokens),
             };
-            fallback.settle_all(DEBT_PATIENCE, dropped).await;
+            tokio::join!(
+                fallback.settle_all(DEBT_PATIENCE, dropped),
+                fallback.settle_all_windows(DEBT_PATIENCE, dropped)
+            );
         });
-        returns.spawn(async move { windows.settle_all_windows(DEBT_PATIENCE).await });
         while returns.join_next().await.is_some() {}
     }
 }
