@@ -8,9 +8,13 @@
 //!   return to the shared limit is not a second burst on top of the local one (invariant 12 of
 //!   docs/ARCHITECTURE.md).
 //!
+//! A leaky-bucket queue's local share is a local queue per key paced at `rate / expected_processes` after the slots
+//! the store booked, whose slots are charged to the shared queue the same way ([`queue`]).
+//!
 //! Only a store error or a store call's own timeout brings a key here; a caller that merely waited long for a
 //! lease in flight is refused locally by the lease engine (invariant 13).
 
+mod queue;
 mod share;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +31,7 @@ use crate::rule::{Algorithm, FailMode};
 use crate::store::call::{Call, Members};
 use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
+use queue::Queues;
 use share::Shares;
 
 /// Why a key's debt was not settled before its store call.
@@ -59,6 +64,8 @@ pub(crate) struct Fallback {
     processes: u64,
     /// The token buckets' local shares and their debts.
     buckets: Shares,
+    /// The leaky-bucket queues' local queues and what they owe.
+    queues: Queues,
     /// The other algorithms' local shares, in process.
     windows: MemoryStore,
     /// Unique members of the local share's sliding-log and leaky-bucket calls.
@@ -83,6 +90,7 @@ impl Fallback {
         Self {
             processes: processes.max(1),
             buckets: Shares::new(processes, max_keys),
+            queues: Queues::new(max_keys),
             windows,
             members,
             decided: Default::default(),
@@ -132,6 +140,11 @@ impl Fallback {
                     Algorithm::TokenBucket { bucket, .. } => {
                         self.buckets.take(store_key, *bucket, cost, self.now_ms()).ok_or(())
                     }
+                    Algorithm::LeakyBucket { .. } => {
+                        // The key's local queue, the one `acquire` reserves in (a check waits for nothing).
+                        let call = Call::check(algorithm, store_key, cost, 1, &self.members);
+                        self.run_local(&call).map_err(|_| ())
+                    }
                     _ => {
                         let call = Call::check(algorithm, store_key, cost, self.processes, &self.members);
                         self.windows.run_sync(&call).map_err(|_| ())
@@ -147,12 +160,16 @@ impl Fallback {
         }
     }
 
-    /// Runs a reservation (of `acquire`) in this process's local share.
+    /// Runs a reservation (of `acquire`) or its hand-back in this process's local share: a leaky bucket's in the
+    /// key's local queue, which the call names with the shared queue's parameters ([`queue`]).
     ///
     /// # Errors
     /// The in-process store's error for arguments out of range.
     pub(crate) fn run_local(&self, call: &Call) -> Result<Reply, StoreError> {
-        self.windows.run_sync(call)
+        match self.run_local_queue(call) {
+            Some(reply) => Ok(reply),
+            None => self.windows.run_sync(call),
+        }
     }
 
     /// The store answered for `store_key` of a `local` rule with `remaining` tokens left in its shared
@@ -162,9 +179,10 @@ impl Fallback {
     }
 
     /// Runs `call`, a store call for `store_key` whose limits are `algorithm` under fail mode `mode`, with the
-    /// fail mode's bookkeeping around it (invariant 12): what the key's local share owes is charged first
-    /// ([`Fallback::settle`]), and a token bucket's answer under `local` lowers the key's share
-    /// ([`Fallback::report`]).
+    /// fail mode's bookkeeping around it (invariants 12 and 16): what the key's local share owes is charged first
+    /// ([`Fallback::settle`], [`Fallback::settle_queue`]), a token bucket's answer under `local` lowers the key's
+    /// share ([`Fallback::report`]) and a leaky bucket's tells where its local queue would start
+    /// ([`Fallback::seen_queue`]).
     ///
     /// # Errors
     /// As [`Fallback::settle`], and [`Unsettled::Failed`] with the call's own store error.
@@ -175,9 +193,14 @@ impl Fallback {
         call: &Call,
     ) -> Result<Reply, Unsettled> {
         self.settle(store_key, algorithm).await?;
+        self.settle_queue(store_key, algorithm).await?;
         let reply = self.store.run(call).await.map_err(Unsettled::Failed)?;
-        if let (FailMode::Local, Algorithm::TokenBucket { bucket, .. }) = (mode, algorithm) {
-            self.report(store_key, *bucket, reply.remaining);
+        match (mode, algorithm) {
+            (FailMode::Local, Algorithm::TokenBucket { bucket, .. }) => {
+                self.report(store_key, *bucket, reply.remaining)
+            }
+            (FailMode::Local, Algorithm::LeakyBucket { .. }) => self.seen_queue(store_key, algorithm, &reply),
+            _ => {}
         }
         Ok(reply)
     }
@@ -263,6 +286,7 @@ impl Fallback {
     pub(crate) fn sweep(&self, idle: Duration) {
         let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
         self.buckets.sweep(self.now_ms(), idle_ms);
+        self.queues.sweep(self.now_ms(), idle_ms);
     }
 
     /// Charges everything owed, for shutdown: past the circuit breaker (right after an outage it is still open),

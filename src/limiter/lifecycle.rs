@@ -66,6 +66,8 @@ impl Limiter {
             .saturating_mul(3)
             .max(Duration::from_secs(1));
         returns.spawn(async move { fallback.settle_all(patience).await });
+        let fallback = Arc::clone(&engine.fallback);
+        returns.spawn(async move { fallback.settle_all_queues(patience).await });
         while returns.join_next().await.is_some() {}
     }
 }

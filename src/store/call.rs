@@ -67,6 +67,9 @@ pub(crate) enum Op {
         cost: u64,
         member: String,
     },
+    /// `leaky_charge.lua`: the shared schedule runs at least until `ahead_ms` from now, where the local schedule
+    /// of `fail_mode = "local"` ends (only the queue's rate is sent: the unit of its TAT's fraction).
+    LeakyCharge { queue: LeakyBucket, ahead_ms: u64 },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
 }
@@ -272,6 +275,12 @@ impl Call {
         Self::new(key, Op::LeakyReturn { queue, cost, member })
     }
 
+    /// `leaky_charge.lua`: charge the queue with slots released alone under `fail_mode = "local"`, whose local
+    /// schedule ends `ahead_ms` from now.
+    pub(crate) fn charge_queue(key: impl Into<String>, queue: LeakyBucket, ahead_ms: u64) -> Self {
+        Self::new(key, Op::LeakyCharge { queue, ahead_ms })
+    }
+
     /// `reset.lua`: forget the state of `key` (bucket, log, window or queue) and its ban.
     pub(crate) fn reset(key: impl Into<String>) -> Self {
         Self::new(key, Op::Reset)
@@ -375,6 +384,7 @@ impl Call {
             Op::SlidingWindow { .. } => Script::SlidingWindow,
             Op::LeakyBucket { .. } => Script::LeakyBucket,
             Op::LeakyReturn { .. } => Script::LeakyReturn,
+            Op::LeakyCharge { .. } => Script::LeakyCharge,
             Op::Reset => Script::Reset,
         }
     }
@@ -389,7 +399,11 @@ impl Call {
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
-            Op::TokenReturn { .. } | Op::TokenAcquire { .. } | Op::LeakyBucket { .. } | Op::LeakyReturn { .. } => false,
+            Op::TokenReturn { .. }
+            | Op::TokenAcquire { .. }
+            | Op::LeakyBucket { .. }
+            | Op::LeakyReturn { .. }
+            | Op::LeakyCharge { .. } => false,
         };
         if banned {
             vec![self.key.clone(), self.ban_key()]
@@ -485,6 +499,7 @@ impl Call {
             Op::LeakyReturn { queue, cost, member } => {
                 vec![int(queue.rate), int(queue.per_ms), int(*cost), Arg::Str(member)]
             }
+            Op::LeakyCharge { queue, ahead_ms } => vec![int(queue.rate), int(*ahead_ms)],
             Op::Reset => Vec::new(),
         };
         if let Some(now) = self.now_ms {
@@ -533,6 +548,11 @@ mod tests {
         );
         let release = Call::release("tl:{q:j}", queue, 1, "m-2");
         assert_eq!(release.args()[3], Arg::Str("m-2"));
+        let charge = Call::charge_queue("tl:{q:j}", queue, 1_500).at(9);
+        assert_eq!(
+            (charge.keys(), charge.args()),
+            (vec!["tl:{q:j}".to_owned()], [5, 1_500, 9].map(Arg::Int).to_vec())
+        );
         assert_eq!(Call::give_back("tl:{r:k}", b, -3).args()[3], Arg::Int(-3));
         assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");
     }

@@ -1,7 +1,7 @@
 //! The scripts of `lua/`: their names (the `script` metric label) and their source, loaded once per server
 //! (`redis.rs`) and mirrored by the in-process store (`memory.rs`).
 
-/// The scripts of `lua/`: one per algorithm, the give-backs, and `reset`.
+/// The scripts of `lua/`: one per algorithm, the give-backs, the queue's charge, and `reset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Script {
     TokenBucket,
@@ -12,12 +12,13 @@ pub(crate) enum Script {
     LeakyBucket,
     LeakyReturn,
     TokenAcquire,
+    LeakyCharge,
     Reset,
 }
 
 impl Script {
     /// Every script, in declaration order (the index of its hash and of its metric handles).
-    pub(crate) const ALL: [Script; 9] = [
+    pub(crate) const ALL: [Script; 10] = [
         Self::TokenBucket,
         Self::TokenReturn,
         Self::SlidingLog,
@@ -26,6 +27,7 @@ impl Script {
         Self::LeakyBucket,
         Self::LeakyReturn,
         Self::TokenAcquire,
+        Self::LeakyCharge,
         Self::Reset,
     ];
 
@@ -40,6 +42,7 @@ impl Script {
             Self::LeakyBucket => "leaky_bucket",
             Self::LeakyReturn => "leaky_return",
             Self::TokenAcquire => "token_acquire",
+            Self::LeakyCharge => "leaky_charge",
             Self::Reset => "reset",
         }
     }
@@ -55,6 +58,7 @@ impl Script {
             Self::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
             Self::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
             Self::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
+            Self::LeakyCharge => include_str!("../../lua/leaky_charge.lua"),
             Self::Reset => include_str!("../../lua/reset.lua"),
         }
     }
