@@ -455,3 +455,6 @@ impl Fallback {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
