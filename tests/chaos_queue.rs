@@ -72,7 +72,7 @@ struct Run {
 
 /// A gap in the runtime's scheduling that bunches the releases recorded after it (the machine's cores were
 /// taken): they are recorded when the tasks run, not when their slots came.
-const STALL: Duration = Duration::from_millis(20);
+const STALL: Duration = Duration::from_millis(10);
 
 /// Watches the runtime: a task that wakes every 5 ms and notes each wake-up later than [`STALL`].
 fn watch(timeline: Arc<Timeline>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<(Duration, Duration)>> {
