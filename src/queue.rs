@@ -165,7 +165,6 @@ impl Queue {
                 return Ok(self.granted(compiled, started, cost, slot.source));
             }
         }
-        let mut call = call;
         // What fail_mode local admitted alone is charged first, so this reservation counts it (invariant 12).
         let result = match self
             .fallback
@@ -209,9 +208,8 @@ impl Queue {
                     (reply, Source::Fallback)
                 }
                 FailMode::Local => {
-                    let share = self.fallback.processes();
-                    // The reservation is made (and handed back, if dropped) in this process's local share.
-                    call = Call::reservation(&algorithm, &store_key, cost, max_wait_ms, share, members).ok_or(error)?;
+                    // The reservation is made (and handed back, if dropped) in the key's local queue, paced at this
+                    // process's share after the slots the store booked, and charged when the store answers.
                     (self.fallback.run_local(&call)?, Source::Fallback)
                 }
             },

@@ -1,4 +1,5 @@
-//! Leaky-bucket queue (GCRA), mirrored by `lua/leaky_bucket.lua` and `lua/leaky_return.lua`.
+//! Leaky-bucket queue (GCRA), mirrored by `lua/leaky_bucket.lua`, `lua/leaky_return.lua` and
+//! `lua/leaky_charge.lua`.
 //!
 //! Callers reserve the next slot of a schedule that leaks `rate` tokens every `per_ms`, and wait for it. The
 //! theoretical arrival time (TAT) is kept as whole milliseconds plus a fraction in units of `1 / rate` ms, so
@@ -132,6 +133,53 @@ impl LeakyBucket {
             remaining: 0,
             retry_after_ms: 0,
             reset_after_ms: ceil_div_i(tat, rate),
+        }
+    }
+    /// Charges slots released by one process's local queue under `fail_mode = "local"`: its local schedule ends
+    /// `ahead_ms` after `now_ms`, and the shared schedule's TAT moves to at least that (never back), so nobody
+    /// reserves a slot before the local ones have run. The charge sets a time rather than adding an amount, so
+    /// applying it twice (a retry of a charge that timed out after it was applied) is applying it once. The last
+    /// reservation can no longer be handed back (`tail` is cleared): that would move the TAT back into the
+    /// charged slots. `granted` is 1 when the TAT moved, 0 when the schedule already ran that far;
+    /// `reset_after_ms` is until the queue is empty.
+    pub fn charge(&self, state: &mut Option<Tat>, ahead_ms: u64, now_ms: u64) -> Reply {
+        let rate = i128::from(self.rate);
+        // The TAT relative to now, in units of 1 / rate ms (the one it was counted in converted, as `reserve`).
+        let wait: i128 = state.as_ref().map_or(0, |t| {
+            let frac = if t.rate != self.rate && t.rate > 0 {
+                i128::from(t.frac) * rate / i128::from(t.rate)
+            } else {
+                i128::from(t.frac)
+            };
+            if t.ms > now_ms || (t.ms == now_ms && frac > 0) {
+                (i128::from(t.ms) - i128::from(now_ms)) * rate + frac
+            } else {
+                0
+            }
+        });
+        let target = i128::from(ahead_ms) * rate;
+        if target <= wait {
+            if let Some(t) = state.as_mut() {
+                t.tail.clear();
+            }
+            return Reply {
+                granted: 0,
+                remaining: 0,
+                retry_after_ms: 0,
+                reset_after_ms: ceil_div_i(wait, rate),
+            };
+        }
+        *state = Some(Tat {
+            ms: now_ms.saturating_add(ahead_ms),
+            frac: 0,
+            rate: self.rate,
+            tail: String::new(),
+        });
+        Reply {
+            granted: 1,
+            remaining: 0,
+            retry_after_ms: 0,
+            reset_after_ms: ms(ahead_ms),
         }
     }
 }

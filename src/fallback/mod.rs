@@ -10,9 +10,13 @@
 //!   reported and `limit / processes` of each later one; what it admits is written back to the shared window
 //!   (`window_charge.lua`) before the key's next store call or at shutdown ([`windows`], invariant 16).
 //!
+//! A leaky-bucket queue's local share is a local queue per key paced at `rate / expected_processes` after the slots
+//! the store booked, whose slots are charged to the shared queue the same way ([`queue`]).
+//!
 //! Only a store error or a store call's own timeout brings a key here; a caller that merely waited long for a
 //! lease in flight is refused locally by the lease engine (invariant 13).
 
+mod queue;
 mod share;
 mod windows;
 
@@ -30,6 +34,7 @@ use crate::rule::{Algorithm, FailMode};
 use crate::store::call::{Call, ChargedWindow, Members};
 use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
+use queue::Queues;
 use share::{Debit, Shares};
 use windows::WindowShares;
 
@@ -65,7 +70,9 @@ pub(crate) struct Fallback {
     buckets: Shares,
     /// The window rules' local shares and what they owe.
     window_shares: WindowShares,
-    /// The leaky buckets' local shares, in process.
+    /// The leaky-bucket queues' local queues and what they owe.
+    queues: Queues,
+    /// The other algorithms' local shares, in process.
     windows: MemoryStore,
     /// Unique members of the local share's sliding-log and leaky-bucket calls.
     members: Arc<Members>,
@@ -90,6 +97,7 @@ impl Fallback {
             processes: processes.max(1),
             buckets: Shares::new(processes, max_keys),
             window_shares: WindowShares::new(max_keys, clock.as_ref()),
+            queues: Queues::new(max_keys),
             windows,
             members,
             decided: Default::default(),
@@ -139,6 +147,11 @@ impl Fallback {
                     Algorithm::TokenBucket { bucket, .. } => {
                         self.buckets.take(store_key, *bucket, cost, self.now_ms()).ok_or(())
                     }
+                    Algorithm::LeakyBucket { .. } => {
+                        // The key's local queue, the one `acquire` reserves in (a check waits for nothing).
+                        let call = Call::check(algorithm, store_key, cost, 1, &self.members);
+                        self.run_local(&call).map_err(|_| ())
+                    }
                     other => match ChargedWindow::of(other) {
                         // Invariant 16: this process's share of what the window had left, written back later.
                         Some(window) => {
@@ -161,12 +174,16 @@ impl Fallback {
         }
     }
 
-    /// Runs a reservation (of `acquire`) in this process's local share.
+    /// Runs a reservation (of `acquire`) or its hand-back in this process's local share: a leaky bucket's in the
+    /// key's local queue, which the call names with the shared queue's parameters ([`queue`]).
     ///
     /// # Errors
     /// The in-process store's error for arguments out of range.
     pub(crate) fn run_local(&self, call: &Call) -> Result<Reply, StoreError> {
-        self.windows.run_sync(call)
+        match self.run_local_queue(call) {
+            Some(reply) => Ok(reply),
+            None => self.windows.run_sync(call),
+        }
     }
 
     /// The store answered for `store_key` of a `local` rule with `remaining` tokens left in its shared
@@ -176,9 +193,10 @@ impl Fallback {
     }
 
     /// Runs `call`, a store call for `store_key` whose limits are `algorithm` under fail mode `mode`, with the
-    /// fail mode's bookkeeping around it (invariant 12): what the key's local share owes is charged first
-    /// ([`Fallback::settle`]), and a token bucket's answer under `local` lowers the key's share
-    /// ([`Fallback::report`]).
+    /// fail mode's bookkeeping around it (invariants 12 and 16): what the key's local share owes is charged first
+    /// ([`Fallback::settle`], [`Fallback::settle_queue`]), a token bucket's answer under `local` lowers the key's
+    /// share ([`Fallback::report`]) and a leaky bucket's tells where its local queue would start
+    /// ([`Fallback::seen_queue`]).
     ///
     /// # Errors
     /// As [`Fallback::settle`], and [`Unsettled::Failed`] with the call's own store error.
@@ -191,11 +209,13 @@ impl Fallback {
         self.settle(store_key, algorithm).await?;
         let window = ChargedWindow::of(algorithm);
         self.settle_window(store_key, window.as_ref()).await?;
+        self.settle_queue(store_key, algorithm).await?;
         let reply = self.store.run(call).await.map_err(Unsettled::Failed)?;
         match (mode, algorithm, window) {
             (FailMode::Local, Algorithm::TokenBucket { bucket, .. }, _) => {
                 self.report(store_key, *bucket, reply.remaining);
             }
+            (FailMode::Local, Algorithm::LeakyBucket { .. }, _) => self.seen_queue(store_key, algorithm, &reply),
             (FailMode::Local, _, Some(window)) => self.window_shares.report(store_key, &window, &reply, self.now_ms()),
             _ => {}
         }
@@ -288,6 +308,7 @@ impl Fallback {
         let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
         self.buckets.sweep(self.now_ms(), idle_ms);
         self.window_shares.sweep(self.now_ms(), idle_ms);
+        self.queues.sweep(self.now_ms(), idle_ms);
     }
 
     /// Charges everything owed, for shutdown: past the circuit breaker (right after an outage it is still open),

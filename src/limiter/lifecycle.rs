@@ -73,7 +73,8 @@ impl Limiter {
             };
             tokio::join!(
                 fallback.settle_all(DEBT_PATIENCE, dropped),
-                fallback.settle_all_windows(DEBT_PATIENCE, dropped)
+                fallback.settle_all_windows(DEBT_PATIENCE, dropped),
+                fallback.settle_all_queues(DEBT_PATIENCE)
             );
         });
         while returns.join_next().await.is_some() {}

@@ -77,6 +77,9 @@ pub(crate) enum Op {
         cost: u64,
         member: String,
     },
+    /// `leaky_charge.lua`: the shared schedule runs at least until `ahead_ms` from now, where the local schedule
+    /// of `fail_mode = "local"` ends (only the queue's rate is sent: the unit of its TAT's fraction).
+    LeakyCharge { queue: LeakyBucket, ahead_ms: u64 },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
     /// `window_charge.lua`: write back to a window rule's state what `fail_mode = "local"` admitted alone; the
@@ -319,6 +322,12 @@ impl Call {
         format!("{}:charges", self.key)
     }
 
+    /// `leaky_charge.lua`: charge the queue with slots released alone under `fail_mode = "local"`, whose local
+    /// schedule ends `ahead_ms` from now.
+    pub(crate) fn charge_queue(key: impl Into<String>, queue: LeakyBucket, ahead_ms: u64) -> Self {
+        Self::new(key, Op::LeakyCharge { queue, ahead_ms })
+    }
+
     /// `reset.lua`: forget the state of `key` (bucket, log, window or queue) and its ban.
     pub(crate) fn reset(key: impl Into<String>) -> Self {
         Self::new(key, Op::Reset)
@@ -429,6 +438,7 @@ impl Call {
             Op::SlidingWindow { .. } => Script::SlidingWindow,
             Op::LeakyBucket { .. } => Script::LeakyBucket,
             Op::LeakyReturn { .. } => Script::LeakyReturn,
+            Op::LeakyCharge { .. } => Script::LeakyCharge,
             Op::Reset => Script::Reset,
             Op::WindowCharge { .. } => Script::WindowCharge,
         }
@@ -462,7 +472,8 @@ impl Call {
             | Op::TokenAcquire { .. }
             | Op::LeakyBucket { .. }
             | Op::LeakyReturn { .. }
-            | Op::WindowCharge { .. } => false,
+            | Op::WindowCharge { .. }
+            | Op::LeakyCharge { .. } => false,
         };
         if banned {
             vec![self.key.clone(), self.ban_key()]
@@ -571,6 +582,7 @@ impl Call {
             Op::LeakyReturn { queue, cost, member } => {
                 vec![int(queue.rate), int(queue.per_ms), int(*cost), Arg::Str(member)]
             }
+            Op::LeakyCharge { queue, ahead_ms } => vec![int(queue.rate), int(*ahead_ms)],
             Op::Reset => Vec::new(),
         };
         if let Some(now) = self.now_ms {

@@ -233,6 +233,8 @@ impl MemoryStore {
                 Err(bad_args(call, "rate and per_ms must be at least 1"))
             }
             Op::LeakyReturn { cost: 0, .. } => Err(bad_args(call, "cost must be at least 1")),
+            Op::LeakyCharge { queue, .. } if queue.rate == 0 => Err(bad_args(call, "rate must be at least 1")),
+            Op::LeakyCharge { queue, ahead_ms } => self.update_queue(key, now, |tat| queue.charge(tat, *ahead_ms, now)),
             Op::LeakyBucket {
                 queue,
                 cost,
