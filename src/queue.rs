@@ -207,6 +207,16 @@ impl Queue {
                     };
                     (reply, Source::Fallback)
                 }
+                FailMode::Local if !Fallback::queue_alone(FailReason::of(&error)) => {
+                    // One failed call while the breaker is closed: refused for a back-off, not booked alone.
+                    let reply = Reply {
+                        granted: 0,
+                        remaining: 0,
+                        retry_after_ms: to_protocol_ms(self.store.timeouts.backoff),
+                        reset_after_ms: 0,
+                    };
+                    (reply, Source::Fallback)
+                }
                 FailMode::Local => {
                     // The reservation is made (and handed back, if dropped) in the key's local queue, paced at this
                     // process's share after the slots the store booked, and charged when the store answers.

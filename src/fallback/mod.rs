@@ -147,6 +147,9 @@ impl Fallback {
                     Algorithm::TokenBucket { bucket, .. } => {
                         self.buckets.take(store_key, *bucket, cost, self.now_ms()).ok_or(())
                     }
+                    // One failed call while the breaker is closed: the other processes most likely reach the
+                    // store, and a slot booked alone would run beside theirs (`Fallback::queue_alone`).
+                    Algorithm::LeakyBucket { .. } if !Self::queue_alone(reason) => Err(()),
                     Algorithm::LeakyBucket { .. } => {
                         // The key's local queue, the one `acquire` reserves in (a check waits for nothing).
                         let call = Call::check(algorithm, store_key, cost, 1, &self.members);
@@ -172,6 +175,15 @@ impl Fallback {
                 }
             }
         }
+    }
+
+    /// Whether a leaky-bucket queue's slots are booked alone after a store failure for `reason`: only once the
+    /// circuit breaker is open (the store failed repeatedly: an outage). A single error or timeout while the breaker
+    /// is closed is refused instead, for a back-off: the other processes most likely still book in the store, and a
+    /// slot booked alone then would run beside the shared schedule at its full rate, over `rate × W + 1`
+    /// (invariant 16).
+    pub(crate) fn queue_alone(reason: FailReason) -> bool {
+        reason == FailReason::CircuitOpen
     }
 
     /// Runs a reservation (of `acquire`) or its hand-back in this process's local share: a leaky bucket's in the

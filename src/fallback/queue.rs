@@ -3,8 +3,8 @@
 //!
 //! While the store answers, every reply on a key tells this process where the shared schedule ends (its TAT:
 //! `now + reset_after_ms`), its own booked slots included. When the store fails, the key's local queue paces at
-//! this process's share, `rate / processes` ([`LeakyBucket::share`]), and its schedule starts no earlier than that
-//! end: the slots booked in the store keep running through the outage, at the whole rate until then, and the
+//! this process's share, a little under `rate / processes` ([`local_pace`]: what the processes' unaligned phases
+//! could add in a short window is given up), and its schedule starts after that end: the slots booked in the store keep running through the outage, at the whole rate until then, and the
 //! local slots come after them. What the local queue booked is *owed*: when the store answers again, before this
 //! process's next call on the key (and at shutdown), `leaky_charge.lua` moves the shared schedule to at least the
 //! end of the local one, so no slot reserved afterwards runs beside the local slots. The key is then held for the
@@ -17,7 +17,6 @@
 //! is set once, so a charge that timed out after Redis applied it is simply sent again. Local slots already
 //! released when the store answers need no charge: the shared schedule's TAT is already behind them.
 
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +33,24 @@ use crate::store::call::{Call, Op};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Busy;
 
+/// The shortest window the bound is promised for (invariant 16), in ms.
+const MIN_WINDOW_MS: u64 = 200;
+
+/// This process's local pace while the store fails: `(rate − (processes − 1) / 0.2 s) / processes`.
+///
+/// The local queues of the processes cannot agree on their phases without the store, so in a window each may
+/// release one more than its pace allows, at the moment the others do: `processes − 1` more than `rate × W + 1`
+/// in all. Giving those up from the rate over the shortest window (0.2 s) keeps every window of 0.2 s or more at
+/// `rate × W + 1` (invariant 16): at 100 /s and 4 processes, 21.25 /s each, 85 /s in all. `None` when nothing is
+/// left (a rate below `(processes − 1) / 0.2 s`): the queue releases nothing alone.
+pub(crate) fn local_pace(queue: LeakyBucket, processes: u64) -> Option<LeakyBucket> {
+    let n = processes.max(1);
+    let spare = (n - 1).checked_mul(queue.per_ms)?;
+    let rate = queue.rate.checked_mul(MIN_WINDOW_MS)?.checked_sub(spare)?;
+    let per_ms = queue.per_ms.checked_mul(MIN_WINDOW_MS)?.checked_mul(n)?;
+    (rate > 0).then_some(LeakyBucket { rate, per_ms })
+}
+
 /// When a schedule ends: the TAT rounded up to a whole ms (0 for none).
 fn end_ms(tat: Option<&Tat>) -> u64 {
     tat.map_or(0, |t| t.ms + u64::from(t.frac > 0))
@@ -42,7 +59,7 @@ fn end_ms(tat: Option<&Tat>) -> u64 {
 /// One key's local queue.
 #[derive(Debug)]
 struct Local {
-    /// The shared queue's parameters (the local queue's are `queue.share(processes)`).
+    /// The shared queue's parameters (the local queue's are [`local_pace`]).
     queue: LeakyBucket,
     /// Where the shared schedule ended when the store last answered for the key (ms of the limiter's clock).
     seen_until_ms: u64,
@@ -126,9 +143,10 @@ impl Queues {
     }
 
     /// Reserves `cost` tokens of `key`'s local queue at `now_ms` while the store fails: paced at
-    /// `queue.share(processes)`, starting no earlier than where the shared schedule was last seen to end, within
-    /// `max_wait_ms`. What is granted is owed. `None` when the key is not known and there is no room for it: what
-    /// it booked could not be remembered, so nothing is booked.
+    /// [`local_pace`], starting no earlier than `processes` slots of the shared queue after where its schedule was
+    /// last seen to end (the processes saw ends a few slots apart), within `max_wait_ms`. What is granted is owed.
+    /// A rate too low for a local pace is refused. `None` when the key is not known and there is no room for it:
+    /// what it booked could not be remembered, so nothing is booked.
     pub(crate) fn reserve(
         &self,
         key: &str,
@@ -151,18 +169,25 @@ impl Queues {
             local.tat = None;
             local.queue = queue;
         }
-        let share = queue.share(processes);
+        let Some(share) = local_pace(queue, processes) else {
+            // Too slow a queue to pace alone within the bound: wait for the store.
+            let step = processes.saturating_mul(queue.per_ms).div_ceil(queue.rate.max(1));
+            return Some(Reply {
+                granted: 0,
+                remaining: 0,
+                retry_after_ms: i64::try_from(step.max(1)).unwrap_or(i64::MAX),
+                reset_after_ms: 0,
+            });
+        };
         let mut tat = local.tat.take();
         if end_ms(tat.as_ref()) < local.seen_until_ms && local.seen_until_ms > now_ms {
             // The slots the store booked run first (this process's and the others', at the whole rate until then);
-            // the local queue starts after them at a random point of its first step, since every process saw the
-            // same end: started together, their slots would all come at once.
-            let (step, rate) = (u128::from(share.per_ms.max(1)), queue.rate.max(1));
-            let phase = u64::try_from(u128::from(self.map.hasher().hash_one((key, member))) % step).unwrap_or(0);
+            // the local queue starts `processes` slots of the shared queue after them.
+            let gap = processes.saturating_mul(queue.per_ms).div_ceil(queue.rate.max(1));
             tat = Some(Tat {
-                ms: local.seen_until_ms.saturating_add(phase / rate),
-                frac: phase % rate,
-                rate: queue.rate,
+                ms: local.seen_until_ms.saturating_add(gap),
+                frac: 0,
+                rate: share.rate,
                 tail: String::new(),
             });
         }
@@ -195,7 +220,16 @@ impl Queues {
             };
         };
         let mut tat = local.tat.take();
-        let reply = queue.share(processes).give_back(&mut tat, cost, member, now_ms);
+        let Some(share) = local_pace(queue, processes) else {
+            local.tat = tat;
+            return Reply {
+                granted: 0,
+                remaining: 0,
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+            };
+        };
+        let reply = share.give_back(&mut tat, cost, member, now_ms);
         if reply.granted > 0 && local.owed_until_ms > 0 && !local.charging {
             let end = end_ms(tat.as_ref());
             let until = if end > now_ms { end } else { 0 };
