@@ -87,9 +87,14 @@ impl MemoryStore {
     }
 
     /// This store with a round trip of `rtt` added to every call, as a Redis over a network would have, for
-    /// simulations (`tokenlease simulate`): a call waits `rtt / 2` on tokio's clock, runs, then waits the other
-    /// half, so the state it reads and writes is the state halfway through the round trip. `Duration::ZERO` (the
-    /// default) answers at once.
+    /// simulations (`tokenlease simulate`): a call waits the request's half of `rtt` on tokio's clock, runs, then
+    /// waits the rest, so the state it reads and writes is the state about halfway through the round trip.
+    /// `Duration::ZERO` (the default) answers at once.
+    ///
+    /// Tokio's timer counts whole milliseconds and rounds every wait up to one, so the request's half is
+    /// `rtt / 2` rounded down to whole milliseconds (0 for an `rtt` under 2 ms: the call runs as it is sent) and
+    /// the reply's is the rest: a call takes `rtt` rounded up to a whole millisecond (1 ms for 0.5 ms), never
+    /// twice a rounded half.
     ///
     /// The waits are [`tokio::time::sleep`]s: a store with a latency must be called inside a tokio runtime with
     /// its timer enabled (as a [`crate::Limiter`] needs anyway); under paused time they take no real time. The
@@ -539,11 +544,13 @@ impl Store for MemoryStore {
         if self.rtt.is_zero() {
             return Box::pin(std::future::ready(self.run_sync(call)));
         }
-        let half = self.rtt / 2;
+        let sent = Duration::from_millis(u64::try_from((self.rtt / 2).as_millis()).unwrap_or(u64::MAX));
         Box::pin(async move {
-            tokio::time::sleep(half).await;
+            if !sent.is_zero() {
+                tokio::time::sleep(sent).await;
+            }
             let result = self.run_sync(call);
-            tokio::time::sleep(self.rtt - half).await;
+            tokio::time::sleep(self.rtt.saturating_sub(sent)).await;
             result
         })
     }

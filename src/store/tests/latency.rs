@@ -41,6 +41,19 @@ async fn a_call_takes_the_round_trip_and_runs_halfway_through_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_round_trip_under_two_milliseconds_runs_the_call_as_it_is_sent() {
+    // Tokio's timer counts whole ms: two half-ms waits would take 2 ms. The call runs at once and the reply waits.
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    for (rtt, takes) in [(1_000, 1), (1_500, 2), (500, 1), (3_000, 3)] {
+        let store = MemoryStore::with_clock(clock.clone()).with_latency(Duration::from_micros(rtt));
+        let start = tokio::time::Instant::now();
+        let reply = store.run(&Call::take("k", BUCKET, 1, 10)).await.expect("take");
+        assert_eq!(reply.granted, 10);
+        assert_eq!(start.elapsed(), Duration::from_millis(takes), "rtt {rtt} µs");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn without_a_latency_a_call_answers_at_once() {
     let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
     let store = MemoryStore::with_clock(clock);
