@@ -110,6 +110,7 @@ fn bad_options_are_refused_with_an_error() {
         &["simulate", "--processes", "4", "--rtt", "-1"],
         &["simulate", "--processes", "4", "--rule", "like"],
         &["simulate", "--processes", "4", "--demand", "0"],
+        &["simulate", "--processes", "4", "--duration", "0s"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))

@@ -62,8 +62,8 @@ const KEY: &str = "sku:sale";
 pub fn run(args: Args) -> Result<ExitCode, String> {
     let config = crate::flash_sale::load_config(&args.config, Some("memory"))?;
     let rule = crate::flash_sale::pick_rule(&config, args.rule.as_deref())?;
-    if args.demand == 0 {
-        return Err("--demand must be at least 1 decision per second".into());
+    if args.demand == 0 || args.duration.is_zero() {
+        return Err("--demand must be at least 1 decision per second, and --duration above 0".into());
     }
     // Whole milliseconds: a shorter wait would last one anyway on tokio's clock.
     let rtt = Duration::try_from_secs_f64(args.rtt.ceil() / 1000.0)
