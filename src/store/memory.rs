@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 
@@ -46,6 +47,8 @@ pub struct MemoryStore {
     wall_shift_ms: i64,
     /// When idle keys were last purged (ms of the calls' clock).
     purged_at_ms: AtomicU64,
+    /// The simulated round trip of every call (zero: none), see [`MemoryStore::with_latency`].
+    rtt: Duration,
 }
 
 /// A key's state and when it equals a missing key again (the reply's `reset_after_ms` from the last call,
@@ -79,7 +82,42 @@ impl MemoryStore {
             clock,
             wall_shift_ms,
             purged_at_ms: AtomicU64::new(0),
+            rtt: Duration::ZERO,
         }
+    }
+
+    /// This store with a round trip of `rtt` added to every call, as a Redis over a network would have, for
+    /// simulations (`tokenlease simulate`): a call waits the request's half of `rtt` on tokio's clock, runs, then
+    /// waits the rest, so the state it reads and writes is the state about halfway through the round trip.
+    /// `Duration::ZERO` (the default) answers at once.
+    ///
+    /// Tokio's timer counts whole milliseconds and rounds every wait up to one, so the request's half is
+    /// `rtt / 2` rounded down to whole milliseconds (0 for an `rtt` under 2 ms: the call runs as it is sent) and
+    /// the reply's is the rest: a call takes `rtt` rounded up to a whole millisecond (1 ms for 0.5 ms), never
+    /// twice a rounded half.
+    ///
+    /// The waits are [`tokio::time::sleep`]s: a store with a latency must be called inside a tokio runtime with
+    /// its timer enabled (as a [`crate::Limiter`] needs anyway); under paused time they take no real time. The
+    /// limiter's store timeout (50 ms by default) still applies to the whole round trip.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tokenlease::{MemoryStore, TokioClock};
+    ///
+    /// // A Redis 1 ms away, on tokio's clock (paused in a simulation).
+    /// let store = MemoryStore::with_clock(Arc::new(TokioClock::new())).with_latency(Duration::from_millis(1));
+    /// assert_eq!(store.latency(), Duration::from_millis(1));
+    /// ```
+    #[must_use]
+    pub fn with_latency(mut self, rtt: Duration) -> Self {
+        self.rtt = rtt;
+        self
+    }
+
+    /// The round trip added to every call ([`MemoryStore::with_latency`]; zero by default).
+    pub fn latency(&self) -> Duration {
+        self.rtt
     }
 
     /// Keys held (full token buckets are not held: they equal a missing key).
@@ -505,8 +543,18 @@ fn check_sub_buckets(call: &Call, window_ms: u64, sub_buckets: u64) -> Result<()
 
 impl Store for MemoryStore {
     fn run<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Reply, StoreError>> {
-        let result = self.run_sync(call);
-        Box::pin(std::future::ready(result))
+        if self.rtt.is_zero() {
+            return Box::pin(std::future::ready(self.run_sync(call)));
+        }
+        let sent = Duration::from_millis(u64::try_from((self.rtt / 2).as_millis()).unwrap_or(u64::MAX));
+        Box::pin(async move {
+            if !sent.is_zero() {
+                tokio::time::sleep(sent).await;
+            }
+            let result = self.run_sync(call);
+            tokio::time::sleep(self.rtt.saturating_sub(sent)).await;
+            result
+        })
     }
 
     fn source(&self) -> Source {
@@ -514,6 +562,12 @@ impl Store for MemoryStore {
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(std::future::ready(Ok(())))
+        if self.rtt.is_zero() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        Box::pin(async move {
+            tokio::time::sleep(self.rtt).await;
+            Ok(())
+        })
     }
 }

@@ -69,7 +69,9 @@ fn epoch_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(0))
 }
 
-fn load_config(path: &PathBuf, redis: Option<&str>) -> Result<Config, String> {
+/// The config at `path` (the shipped config.toml when there is none), with `redis` (a URL, or `memory`) in place of
+/// its `[redis]` section when given.
+pub(crate) fn load_config(path: &PathBuf, redis: Option<&str>) -> Result<Config, String> {
     let mut config = if path.exists() {
         Config::from_path(path).map_err(|e| e.to_string())?
     } else {
@@ -91,7 +93,8 @@ fn load_config(path: &PathBuf, redis: Option<&str>) -> Result<Config, String> {
     Ok(config)
 }
 
-fn pick_rule(config: &Config, name: Option<&str>) -> Result<Rule, String> {
+/// The rule named `name`, or the config's first token_bucket rule with a lease.
+pub(crate) fn pick_rule(config: &Config, name: Option<&str>) -> Result<Rule, String> {
     match name {
         Some(n) => config
             .rule(n)

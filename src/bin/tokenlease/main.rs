@@ -1,4 +1,5 @@
-//! The `tokenlease` command: validate a config, run the flash-sale simulation, serve the limiter over HTTP.
+//! The `tokenlease` command: validate a config, run the flash-sale load test, simulate a sale at scale on virtual
+//! time, serve the limiter over HTTP.
 //!
 //! Thin by design: everything it does goes through the library's `Limiter`.
 
@@ -8,6 +9,7 @@ mod flash_sale;
 mod grpc;
 mod rls;
 mod serve;
+mod simulate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +37,9 @@ enum Command {
     /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, GET /metrics, GET /livez, GET /readyz; and
     /// Envoy's Rate Limit Service (gRPC) with --grpc-listen.
     Serve(serve::Args),
+    /// Size a sale: P limiters of this crate on virtual time over the in-process store with a round trip, one
+    /// hot key; prints store calls/s, calls per admitted token, the share of the bound sold and the worst window.
+    Simulate(simulate::Args),
     /// One worker process of `flash-sale` (spawned by it).
     #[command(hide = true)]
     FlashSaleWorker {
@@ -54,6 +59,7 @@ fn main() -> ExitCode {
         Command::CheckConfig { path } => check_config(path),
         Command::FlashSale(args) => flash_sale::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Simulate(args) => simulate::run(args),
         Command::FlashSaleWorker { spec } => flash_sale::worker(&spec),
     };
     match result {

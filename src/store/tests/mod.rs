@@ -5,6 +5,7 @@
 #[path = "../../../tests/common/server.rs"]
 mod common;
 mod harness;
+mod latency;
 mod peek;
 mod queue;
 mod token_bucket;

@@ -1,0 +1,211 @@
+//! What `simulate` reports: the figures a sale is sized by, as a short table or one JSON object.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::timeline::Worst;
+
+/// The run's parameters.
+#[derive(Debug, Clone)]
+pub(crate) struct Setup {
+    pub(crate) processes: u32,
+    /// `--expected`: `None` when left out (the limiter's default).
+    pub(crate) expected: Option<u32>,
+    /// The store's round trip, in milliseconds (whole ones).
+    pub(crate) rtt_ms: f64,
+    /// The sale's length, in virtual time.
+    pub(crate) duration: Duration,
+    /// Decisions per second across the fleet.
+    pub(crate) demand_per_s: u64,
+    pub(crate) rule: String,
+    /// The bucket's capacity, in tokens.
+    pub(crate) capacity: u64,
+    /// The bucket's refill, in tokens per second.
+    pub(crate) rate_per_s: f64,
+    /// The lease's smallest and largest batch, in tokens (`None`: no lease, a store call per decision).
+    pub(crate) lease: Option<(u64, u64)>,
+    /// The lease's ttl (zero without a lease).
+    pub(crate) ttl: Duration,
+}
+
+impl Setup {
+    /// Invariant 1 over the whole sale, in tokens: capacity + rate × (duration + ttl).
+    pub(crate) fn bound(&self) -> u64 {
+        let tokens = self.capacity as f64 + self.rate_per_s * (self.duration + self.ttl).as_secs_f64();
+        tokens.floor() as u64
+    }
+}
+
+/// What the run measured.
+#[derive(Debug, Clone)]
+pub(crate) struct Figures {
+    /// Decisions made (allowed or not).
+    pub(crate) decisions: u64,
+    /// Decisions that returned an error instead.
+    pub(crate) errors: u64,
+    /// Tokens admitted, during the sale and by the decisions that finished after it.
+    pub(crate) admitted: u64,
+    /// The fleet's store calls so far at 0 s, 1 s, 2 s ... and at the end of the sale.
+    pub(crate) calls_at: Vec<u64>,
+    /// Tokens admitted in each second.
+    pub(crate) admitted_by_second: Vec<u64>,
+    /// Tokens the fleet leased, and gave back, in each second of the sale.
+    pub(crate) leased_by_second: Vec<u64>,
+    pub(crate) returned_by_second: Vec<u64>,
+    pub(crate) worst: Worst,
+    /// Tokens leased from the store, and given back unused, by the whole fleet during the sale.
+    pub(crate) leased: u64,
+    pub(crate) returned: u64,
+    /// Decisions made by `fail_mode` (the store failed or timed out).
+    pub(crate) fail_mode: u64,
+    /// How long the run took, in seconds of real time.
+    pub(crate) real_s: f64,
+}
+
+/// The figures derived from the counts.
+struct Derived {
+    /// Store calls during the sale.
+    calls: u64,
+    calls_per_s: f64,
+    calls_per_admitted: f64,
+    /// From 3 s to the end of the sale: `None` for a sale of 3 s or less.
+    steady_calls_per_admitted: Option<f64>,
+    steady_calls_per_s: Option<f64>,
+    bound: u64,
+    sold_pct: f64,
+    unsold: i64,
+    calls_by_second: Vec<u64>,
+}
+
+/// Where the steady state starts, in seconds.
+const STEADY_FROM_S: usize = 3;
+
+fn derive(setup: &Setup, f: &Figures) -> Derived {
+    let calls = f.calls_at.last().copied().unwrap_or(0);
+    let ratio = |calls: u64, admitted: u64| {
+        if admitted == 0 {
+            f64::NAN
+        } else {
+            calls as f64 / admitted as f64
+        }
+    };
+    let duration_s = setup.duration.as_secs_f64();
+    let steady = f
+        .calls_at
+        .get(STEADY_FROM_S)
+        .filter(|_| duration_s > STEADY_FROM_S as f64);
+    let steady_admitted: u64 = f.admitted_by_second.iter().skip(STEADY_FROM_S).sum();
+    let bound = setup.bound();
+    Derived {
+        calls,
+        calls_per_s: calls as f64 / duration_s,
+        calls_per_admitted: ratio(calls, f.admitted),
+        steady_calls_per_admitted: steady.map(|&at| ratio(calls - at, steady_admitted)),
+        steady_calls_per_s: steady.map(|&at| (calls - at) as f64 / (duration_s - STEADY_FROM_S as f64)),
+        bound,
+        sold_pct: f.admitted as f64 * 100.0 / bound as f64,
+        unsold: i64::try_from(bound).unwrap_or(i64::MAX) - i64::try_from(f.admitted).unwrap_or(i64::MAX),
+        calls_by_second: f.calls_at.windows(2).map(|w| w[1] - w[0]).collect(),
+    }
+}
+
+/// A number JSON can hold: `null` for NaN (no token admitted).
+fn num(x: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
+/// The run as one JSON object.
+pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
+    let d = derive(setup, f);
+    let object = json!({
+        "processes": setup.processes,
+        "expected": setup.expected,
+        "rule": setup.rule,
+        "capacity": setup.capacity,
+        "rate_per_s": num(setup.rate_per_s),
+        "min_batch": setup.lease.map(|l| l.0),
+        "max_batch": setup.lease.map(|l| l.1),
+        "ttl_ms": u64::try_from(setup.ttl.as_millis()).unwrap_or(u64::MAX),
+        "rtt_ms": num(setup.rtt_ms),
+        "duration_s": num(setup.duration.as_secs_f64()),
+        "demand_per_s": setup.demand_per_s,
+        "decisions": f.decisions,
+        "errors": f.errors,
+        "fail_mode_decisions": f.fail_mode,
+        "store_calls": d.calls,
+        "calls_per_s": num(d.calls_per_s),
+        "calls_per_admitted": num(d.calls_per_admitted),
+        "steady_calls_per_s": d.steady_calls_per_s.map(num),
+        "steady_calls_per_admitted": d.steady_calls_per_admitted.map(num),
+        "admitted": f.admitted,
+        "bound": d.bound,
+        "sold_pct": num(d.sold_pct),
+        "unsold": d.unsold,
+        "leased_tokens": f.leased,
+        "returned_tokens": f.returned,
+        "worst_window_ratio": num(f.worst.ratio),
+        "worst_window_s": num(f.worst.length_s),
+        "worst_window_at_s": num(f.worst.at_s),
+        "worst_window_admitted": f.worst.admitted,
+        "worst_window_bound": num(f.worst.bound),
+        "calls_by_second": d.calls_by_second,
+        "admitted_by_second": f.admitted_by_second,
+        "leased_by_second": f.leased_by_second,
+        "returned_by_second": f.returned_by_second,
+        "real_s": num(f.real_s),
+    });
+    object.to_string()
+}
+
+/// The run as a short table.
+pub(crate) fn print(setup: &Setup, f: &Figures) {
+    let d = derive(setup, f);
+    let expected = setup
+        .expected
+        .map_or("left out (the limiter's default)".to_owned(), |n| n.to_string());
+    let lease = setup.lease.map_or("no lease".to_owned(), |(min, max)| {
+        format!("batches {min}..{max}, ttl {} ms", setup.ttl.as_millis())
+    });
+    println!(
+        "simulate: {} processes (expected_processes {expected}), rule {} (capacity {}, {}/s, {lease})",
+        setup.processes, setup.rule, setup.capacity, setup.rate_per_s
+    );
+    println!(
+        "  {} decisions/s on one key for {:?} of virtual time, store round trip {} ms ({:.1} s of real time)",
+        setup.demand_per_s, setup.duration, setup.rtt_ms, f.real_s
+    );
+    let steady = |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
+    println!(
+        "  store calls/s        {:>10.1}   (from {STEADY_FROM_S} s on: {})",
+        d.calls_per_s,
+        steady(d.steady_calls_per_s, 1)
+    );
+    println!(
+        "  calls per admitted   {:>10.4}   (from {STEADY_FROM_S} s on: {})",
+        d.calls_per_admitted,
+        steady(d.steady_calls_per_admitted, 4)
+    );
+    println!(
+        "  admitted             {:>10}   of the bound {} = capacity + rate × (duration + ttl): {:.1} %",
+        f.admitted, d.bound, d.sold_pct
+    );
+    println!("  unsold               {:>10}", d.unsold);
+    println!(
+        "  worst window         {:>10.3}   of its bound: {} admitted in {:.2} s from {:.2} s (bound {:.0}){}",
+        f.worst.ratio,
+        f.worst.admitted,
+        f.worst.length_s,
+        f.worst.at_s,
+        f.worst.bound,
+        if f.worst.ratio > 1.0 { "  OVER THE BOUND" } else { "" }
+    );
+    println!(
+        "  leased {} tokens, gave back {}; {} decisions, {} errors, {} by fail_mode",
+        f.leased, f.returned, f.decisions, f.errors, f.fail_mode
+    );
+    println!("  calls per second     {:?}", d.calls_by_second);
+    println!("  admitted per second  {:?}", f.admitted_by_second);
+    println!("  leased per second    {:?}", f.leased_by_second);
+    println!("  given back per sec.  {:?}", f.returned_by_second);
+}

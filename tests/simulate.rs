@@ -1,0 +1,123 @@
+//! `tokenlease simulate`, run as a user runs it: P limiters of this crate on virtual time over the in-process
+//! store. It asserts what holds on today's engine (the bound in every window, a small cost per token for a few
+//! processes) and prints the rest, the figures issue 20's targets are measured by.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Runs `tokenlease simulate ARGS --json` with the shipped config and returns its JSON object and how long it took.
+fn simulate(args: &[&str]) -> (serde_json::Value, Duration) {
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("simulate")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run tokenlease");
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exit {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"));
+    eprintln!("simulate {args:?}: {took:.1?} real\n{report}");
+    (report, took)
+}
+
+fn number(report: &serde_json::Value, field: &str) -> f64 {
+    report[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("`{field}` is not a number: {report}"))
+}
+
+#[test]
+fn two_hundred_and_fifty_six_processes_keep_to_the_bound_in_every_window() {
+    let (report, took) = simulate(&["--processes", "256", "--duration", "10s"]);
+    for field in [
+        "processes",
+        "expected",
+        "calls_per_s",
+        "calls_per_admitted",
+        "steady_calls_per_admitted",
+        "admitted",
+        "bound",
+        "unsold",
+        "worst_window_ratio",
+    ] {
+        assert!(report.get(field).is_some(), "no `{field}`: {report}");
+    }
+    assert_eq!(report["processes"], 256);
+    assert!(report["expected"].is_null(), "left out: {report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    let (admitted, bound) = (number(&report, "admitted"), number(&report, "bound"));
+    assert!(admitted > 0.0, "{report}");
+    // sku_buy: capacity 2000 + 1000/s × (10 s + 0.2 s).
+    assert_eq!(bound, 12_200.0);
+    assert_eq!(number(&report, "unsold"), bound - admitted);
+    let worst = number(&report, "worst_window_ratio");
+    assert!(worst <= 1.0, "a window admitted {worst} of its bound: {report}");
+    // The steady state costs no more per token than the whole sale, whose first second is the costliest.
+    assert!(number(&report, "steady_calls_per_admitted") <= number(&report, "calls_per_admitted"));
+    // Virtual time: 10 s of 256 processes deciding 10^5 times a second take about a second here.
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+}
+
+#[test]
+fn four_processes_sell_nearly_all_of_the_bound_for_a_few_calls() {
+    let (report, _) = simulate(&["--processes", "4", "--duration", "10s"]);
+    let (admitted, bound) = (number(&report, "admitted"), number(&report, "bound"));
+    assert!(number(&report, "worst_window_ratio") <= 1.0, "{report}");
+    assert!(admitted >= 0.9 * bound, "{admitted} of {bound} sold: {report}");
+    let per_token = number(&report, "calls_per_admitted");
+    assert!(per_token < 0.01, "{per_token} store calls per admitted token: {report}");
+    // The real 4-process flash sale on Redis makes 53-56 calls per 10 s sale.
+    assert!(number(&report, "store_calls") < 200.0, "{report}");
+}
+
+#[test]
+fn a_round_trip_and_a_demand_are_taken_as_given() {
+    let (report, _) = simulate(&[
+        "--processes",
+        "16",
+        "--expected",
+        "16",
+        "--rtt",
+        "2.5",
+        "--demand",
+        "20000",
+        "--duration",
+        "4s",
+    ]);
+    assert_eq!(report["expected"], 16);
+    assert_eq!(
+        number(&report, "rtt_ms"),
+        3.0,
+        "rounded up to whole ms, as tokio's timer counts them"
+    );
+    assert_eq!(number(&report, "decisions"), 80_000.0, "20 000/s for 4 s: {report}");
+    assert_eq!(number(&report, "bound"), 2000.0 + 1000.0 * 4.2);
+    assert!(number(&report, "worst_window_ratio") <= 1.0, "{report}");
+}
+
+#[test]
+fn bad_options_are_refused_with_an_error() {
+    for args in [
+        &["simulate", "--processes", "0"][..],
+        &["simulate", "--processes", "4", "--rtt", "-1"],
+        &["simulate", "--processes", "4", "--rule", "like"],
+        &["simulate", "--processes", "4", "--demand", "0"],
+        &["simulate", "--processes", "4", "--duration", "0s"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .expect("run tokenlease");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(!out.stderr.is_empty(), "{args:?}: no error message");
+    }
+}
