@@ -95,6 +95,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{} jobs started over {span_s:.3} s: {measured:.2} per second ({error:+.2} % of {rate})",
         starts.len()
     );
+    let expected = processes as usize * jobs as usize;
+    if starts.len() != expected {
+        return Err(format!("{} of {expected} jobs ran", starts.len()).into());
+    }
+    if error.abs() > 5.0 {
+        return Err(format!("the jobs ran at {measured:.2} per second, more than 5 % off {rate}").into());
+    }
     Ok(())
 }
 
