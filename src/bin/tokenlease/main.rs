@@ -32,7 +32,7 @@ enum Command {
         /// The file to check.
         path: Option<PathBuf>,
     },
-    /// Simulate a flash sale: P processes × T tasks hammering one hot key (or N SKUs, Zipf-distributed).
+    /// Run a flash sale: P worker processes × T tasks hammering one hot key (or N SKUs, Zipf-distributed) on Redis.
     FlashSale(flash_sale::Args),
     /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, POST /v1/reset, GET /metrics, GET /livez,
     /// GET /readyz; and Envoy's Rate Limit Service (gRPC) with --grpc-listen.
