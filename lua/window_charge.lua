@@ -70,10 +70,14 @@ if not now then
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
 end
 
--- A charge already applied writes nothing more; the window is still reported.
-local fresh = redis.call('SADD', KEYS[2], id) == 1
-redis.call('PEXPIRE', KEYS[2], int(2 * window))
-if not fresh then admitted = {} end
+-- A charge already applied writes nothing more; the window is still reported. Its id is recorded once its writes
+-- are done (`applied`), so a charge stopped on the way by an error is written when it is sent again.
+if redis.call('SISMEMBER', KEYS[2], id) == 1 then admitted = {} end
+local function applied(reply)
+  redis.call('SADD', KEYS[2], id)
+  redis.call('PEXPIRE', KEYS[2], int(2 * window))
+  return reply
+end
 
 local written = 0
 if algo == 'sliding_log' then
@@ -98,7 +102,7 @@ if algo == 'sliding_log' then
   if written > 0 then redis.call('PEXPIRE', KEYS[1], int(reset_after)) end
   local left = limit - count
   if left < 0 then left = 0 end
-  return { written, left, 0, reset_after }
+  return applied({ written, left, 0, reset_after })
 end
 
 if algo == 'sliding_window' then
@@ -130,7 +134,7 @@ if algo == 'sliding_window' then
   if written > 0 then redis.call('PEXPIRE', KEYS[1], int(reset_after)) end
   local left = limit - count
   if left < 0 then left = 0 end
-  return { written, left, 0, reset_after }
+  return applied({ written, left, 0, reset_after })
 end
 
 -- fixed_window: only the window holding now is stored; grants of windows that have passed are dropped.
@@ -160,7 +164,7 @@ elseif start == nil or now >= start + window or now < start then
     local at = now - a[1]
     if a[2] > 0 and at + window > now and (not first or at < first) then first = at end
   end
-  if not first then return { 0, limit, 0, 0 } end
+  if not first then return applied({ 0, limit, 0, 0 }) end
   start, count = first, 0
 end
 local ends_in = (ends_at or (start + window)) - now
@@ -179,4 +183,4 @@ local reset_after = 0
 if count > 0 then reset_after = ends_in end
 local left = limit - count
 if left < 0 then left = 0 end
-return { written, left, 0, reset_after }
+return applied({ written, left, 0, reset_after })

@@ -207,7 +207,7 @@ impl Queue {
                     };
                     (reply, Source::Fallback)
                 }
-                FailMode::Local if !Fallback::queue_alone(FailReason::of(&error)) => {
+                FailMode::Local if !Fallback::alone(FailReason::of(&error)) => {
                     // One failed call while the breaker is closed: refused for a back-off, not booked alone.
                     let reply = Reply {
                         granted: 0,

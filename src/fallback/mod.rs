@@ -148,8 +148,15 @@ impl Fallback {
                         self.buckets.take(store_key, *bucket, cost, self.now_ms()).ok_or(())
                     }
                     // One failed call while the breaker is closed: the other processes most likely reach the
-                    // store, and a slot booked alone would run beside theirs (`Fallback::queue_alone`).
-                    Algorithm::LeakyBucket { .. } if !Self::queue_alone(reason) => Err(()),
+                    // store, and a slot booked or a window's token admitted alone would come beside theirs.
+                    Algorithm::LeakyBucket { .. }
+                    | Algorithm::FixedWindow { .. }
+                    | Algorithm::SlidingWindow { .. }
+                    | Algorithm::SlidingLog { .. }
+                        if !Self::alone(reason) =>
+                    {
+                        Err(())
+                    }
                     Algorithm::LeakyBucket { .. } => {
                         // The key's local queue, the one `acquire` reserves in (a check waits for nothing).
                         let call = Call::check(algorithm, store_key, cost, 1, &self.members);
@@ -177,12 +184,14 @@ impl Fallback {
         }
     }
 
-    /// Whether a leaky-bucket queue's slots are booked alone after a store failure for `reason`: only once the
-    /// circuit breaker is open (the store failed repeatedly: an outage). A single error or timeout while the breaker
-    /// is closed is refused instead, for a back-off: the other processes most likely still book in the store, and a
-    /// slot booked alone then would run beside the shared schedule at its full rate, over `rate × W + 1`
-    /// (invariant 16).
-    pub(crate) fn queue_alone(reason: FailReason) -> bool {
+    /// Whether a leaky-bucket queue books slots, or a window rule admits, alone after a store failure for
+    /// `reason`: only once the circuit breaker is open (the store failed repeatedly: an outage). A single error or
+    /// timeout while the breaker is closed is refused instead, for a back-off: the other processes most likely still
+    /// reach the store, and a slot booked alone then would run beside the shared schedule at its full rate, over
+    /// `rate × W + 1`, and a window's share would be admitted beside what the store grants the others (invariant
+    /// 16). Token buckets keep deciding from their share, which the store's answers keep at this process's part of
+    /// what is left.
+    pub(crate) fn alone(reason: FailReason) -> bool {
         reason == FailReason::CircuitOpen
     }
 
