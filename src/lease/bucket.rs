@@ -287,7 +287,9 @@ impl LocalBucket {
             batch = batch.max(book.batch.saturating_mul(2)).min(spendable);
         }
         if !book.saturated {
-            batch = batch.min(fair_share.max(1));
+            // Never below `min_batch`: with `expected_processes` = 1000 a share of a 2000-token burst is 2 tokens,
+            // and leases of 2 (each bucket still "not saturated" after them) made a call per 2 tokens sold.
+            batch = batch.min(fair_share.max(lease.min_batch));
         }
         let batch = batch.max(cost);
         book.batch = batch;
