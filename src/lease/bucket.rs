@@ -257,8 +257,8 @@ impl LocalBucket {
     /// found the bucket empty, and never more than the demand spends within nine tenths of the TTL (tokens,
     /// at least `min_batch`): a lease of more would give the rest back, one more store call per lease.
     ///
-    /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
-    /// processes; once it is, the processes take turns (`turns.rs`) and a batch may reach `max_batch`. `cost`
+    /// `fair_share` (tokens, never below `min_batch`) caps the batch while the shared bucket is not saturated, so
+    /// that the burst is split between processes; once it is, the processes take turns (`turns.rs`) and a batch may reach `max_batch`. `cost`
     /// is what the caller needs.
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
