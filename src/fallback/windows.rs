@@ -67,9 +67,6 @@ struct Share {
     seen: Option<Seen>,
     /// When this process first decided the key alone without an answer of the store (ms).
     first_ms: u64,
-    /// When this process began deciding the key alone since the store's last answer (ms): a window that began
-    /// before it and is not the one last seen gets nothing (what the others were granted in it is unknown).
-    alone_since_ms: Option<u64>,
     /// Admitted alone and in no charge yet: `(ms, tokens)`, in time order.
     open: Vec<(u64, u64)>,
     /// The charge being written back, sent again as it is until the store applied it.
@@ -88,7 +85,6 @@ impl Share {
             window,
             seen: None,
             first_ms: now_ms,
-            alone_since_ms: None,
             open: Vec::new(),
             sealed: None,
             settling: false,
@@ -158,7 +154,6 @@ impl WindowShares {
         if let Some(mut share) = self.map.get_mut(key) {
             share.window = window.clone();
             share.seen = Some(seen);
-            share.alone_since_ms = None;
             share.touched_ms = now_ms;
         } else if self.map.len() < self.max_keys {
             let mut share = Share::new(window.clone(), now_ms);
@@ -203,16 +198,13 @@ impl WindowShares {
         };
         // What the window had left when last seen, or nothing for a key never seen.
         let first = share.seen.map_or(0, |s| s.remaining);
-        let alone_since = share.alone_since_ms.unwrap_or(now_ms);
         if let ChargedWindow::FixedWindow { .. } = share.window {
             let (start, end) = self.fixed_frame(share, now_ms);
             let first_frame = self.fixed_frame(share, share.seen.map_or(share.first_ms, |s| s.at_ms));
             let budget = if (start, end) == first_frame {
                 first / n
-            } else if start >= alone_since {
-                limit / n
             } else {
-                0 // began before this process went alone, and it did not see it: others may have filled it
+                limit / n
             };
             return Frame {
                 start,
@@ -223,13 +215,7 @@ impl WindowShares {
         }
         // A log or sub-buckets: what was counted when last seen has left at its reset_after.
         let first_end = share.seen.map_or(share.first_ms + w, |s| s.at_ms + s.reset_after_ms);
-        let budget = if now_ms < first_end {
-            first / n
-        } else if now_ms >= alone_since.saturating_add(w) {
-            limit / n
-        } else {
-            0 // the window holds time before this process went alone that it did not see
-        };
+        let budget = if now_ms < first_end { first / n } else { limit / n };
         Frame {
             start: (now_ms + 1).saturating_sub(w),
             // Until the window last seen ends, else until what is counted now has left.
@@ -263,7 +249,6 @@ impl WindowShares {
             share.window = window.clone();
             share.seen = None;
             share.first_ms = now_ms;
-            share.alone_since_ms = Some(now_ms);
         }
         share.touched_ms = now_ms;
         let w = window.window_ms();
@@ -274,7 +259,6 @@ impl WindowShares {
             share.open.retain(|a| !old(a));
             self.owed.fetch_sub(dropped, Ordering::AcqRel);
         }
-        share.alone_since_ms.get_or_insert(now_ms);
         let frame = self.frame(&share, processes, now_ms);
         let counts = |at: u64| {
             if frame.sliding {

@@ -77,14 +77,12 @@ fn a_log_share_slides_and_starts_from_what_was_left() {
     s.report("k", &LOG, &reply(1, 20, 1_500), 1_000);
     assert_eq!(fill(&s, &LOG, 1_100), 5);
     assert_eq!(fill(&s, &LOG, 2_499), 0);
-    // What was counted then has left, but the window still holds the 100 ms between the store's answer and going
-    // alone, in which the others may have been granted what was left: nothing until a window after going alone.
-    assert_eq!(fill(&s, &LOG, 2_500), 0);
+    // From 2 500: a quarter of the limit in any 2 s, the 5 admitted at 1 100 included until 3 100.
+    assert_eq!(fill(&s, &LOG, 2_500), 20);
     assert_eq!(fill(&s, &LOG, 3_099), 0);
-    // From 3 100: a quarter of the limit in any 2 s (the 5 admitted at 1 100 have left it).
-    assert_eq!(fill(&s, &LOG, 3_100), 25);
-    assert_eq!(fill(&s, &LOG, 5_099), 0);
-    assert_eq!(fill(&s, &LOG, 5_100), 25);
+    assert_eq!(fill(&s, &LOG, 3_100), 5);
+    assert_eq!(fill(&s, &LOG, 4_499), 0);
+    assert_eq!(fill(&s, &LOG, 4_500), 20);
 }
 
 #[test]
@@ -99,8 +97,7 @@ fn a_refusal_or_ban_seen_is_honoured_alone() {
     };
     s.report("k", &LOG, &banned, 0);
     assert_eq!(fill(&s, &LOG, 9_999), 0);
-    // The ban is over, and a window has passed since this process went alone (at 9 999).
-    assert_eq!(fill(&s, &LOG, 11_999), 25);
+    assert_eq!(fill(&s, &LOG, 10_000), 25);
 }
 
 #[test]
@@ -147,30 +144,4 @@ fn the_sweep_keeps_what_is_owed_and_a_full_map_admits_no_new_key() {
     s.sweep(60_000, 60_000);
     assert_eq!(s.map.len(), 1, "`a` was idle and owed nothing");
     assert_eq!(s.owing_keys(), [("k".to_owned(), LOG)]);
-}
-
-/// A window that began before this process went alone, and that it did not see, gets nothing: the others may have
-/// filled it through the store (a process idle on the key for a while must not add a whole share to it).
-#[test]
-fn a_window_begun_before_going_alone_and_never_seen_gets_nothing() {
-    let s = shares();
-    // Seen at 500 ms, in the window [0, 2000); then idle on the key. The store fails at 7 000, in [6000, 8000).
-    s.report("k", &FIXED, &reply(1, 40, 1_500), 500);
-    assert_eq!(fill(&s, &FIXED, 7_000), 0, "the window holding the outage's start was never seen");
-    assert_eq!(fill(&s, &FIXED, 7_999), 0);
-    // The next window began after this process went alone: a quarter of the limit.
-    assert_eq!(fill(&s, &FIXED, 8_000), 25);
-
-    // A log seen at 500 ms with 40 left, idle until 7 000: nothing until a whole window after going alone.
-    s.report("l", &LOG, &reply(1, 40, 2_000), 500);
-    let fill_log = |now| {
-        let mut n = 0;
-        while s.take("l", &LOG, 1, 4, now).expect("room").granted > 0 {
-            n += 1;
-        }
-        n
-    };
-    assert_eq!(fill_log(7_000), 0);
-    assert_eq!(fill_log(8_999), 0);
-    assert_eq!(fill_log(9_000), 25);
 }
