@@ -253,12 +253,11 @@ impl LocalBucket {
     }
 
     /// Plans the next lease: sizes the batch from the demand since the last lease (decisions per second,
-    /// refusals included, so a saturated key keeps its size) to last half the lease TTL, doubled when callers
-    /// found the bucket empty, and never more than the demand spends within nine tenths of the TTL (tokens,
-    /// at least `min_batch`): a lease of more would give the rest back, one more store call per lease.
+    /// refusals included, so a saturated key keeps its size) to last half the lease TTL, and asks for the whole
+    /// batch as `min` when the shared bucket is saturated.
     ///
-    /// `fair_share` (tokens, never below `min_batch`) caps the batch while the shared bucket is not saturated, so
-    /// that the burst is split between processes; once it is, the processes take turns (`turns.rs`) and a batch may reach `max_batch`. `cost`
+    /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
+    /// processes; once it is, the processes take turns (`turns.rs`) and a batch may reach `max_batch`. `cost`
     /// is what the caller needs.
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
@@ -272,24 +271,12 @@ impl LocalBucket {
             u64::try_from(u128::from(decided) * u128::from(horizon_ns) / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
         book.demand_per_s =
             u64::try_from(u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
-        // Never more than the demand spends within the TTL (less a tenth for the round trip): what it cannot spend
-        // goes back, a give-back call per lease. Unknown before any decision was counted since the last lease.
-        let spendable = if decided == 0 {
-            lease.max_batch
-        } else {
-            let per_ttl = u128::from(book.demand_per_s) * u128::from(nanos(lease.ttl)) * 9 / 10 / 1_000_000_000;
-            u64::try_from(per_ttl)
-                .unwrap_or(u64::MAX)
-                .clamp(lease.min_batch, lease.max_batch)
-        };
         let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
         if self.starved.swap(false, Ordering::Relaxed) {
-            batch = batch.max(book.batch.saturating_mul(2)).min(spendable);
+            batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
         }
         if !book.saturated {
-            // Never below `min_batch`: with `expected_processes` = 1000 a share of a 2000-token burst is 2 tokens,
-            // and leases of 2 (each bucket still "not saturated" after them) made a call per 2 tokens sold.
-            batch = batch.min(fair_share.max(lease.min_batch));
+            batch = batch.min(fair_share.max(1));
         }
         let batch = batch.max(cost);
         book.batch = batch;
@@ -301,11 +288,7 @@ impl LocalBucket {
         // little (a refusal would cost the same call and admit nothing), up to two batches (what the demand
         // spends within the TTL), so that a turn that comes late loses nothing.
         if book.saturated {
-            let max = batch
-                .saturating_mul(2)
-                .min(self.bucket.capacity)
-                .min(spendable)
-                .max(batch);
+            let max = batch.saturating_mul(2).min(self.bucket.capacity).max(batch);
             LeasePlan { min: cost, max, batch }
         } else {
             LeasePlan {
@@ -391,7 +374,6 @@ impl LocalBucket {
             let mut book = self.lock();
             book.turns
                 .observe(&self.bucket, reply.remaining, reply.remaining, now_ns);
-            book.turns.refused();
             let turn = book.turns.wait_ns(&self.bucket, plan.batch, reply.remaining);
             if retry_after == Duration::MAX {
                 retry_after
@@ -509,5 +491,69 @@ fn seed(store_key: &str, now_ns: u64) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "bucket_tests.rs"]
-mod tests;
+mod tests {
+    use super::*;
+
+    fn lease() -> Lease {
+        Lease {
+            min_batch: 10,
+            max_batch: 100,
+            ttl: Duration::from_millis(200),
+            hot_after: None,
+        }
+    }
+
+    /// A key's bucket of 1000 tokens refilled at 1 per second, leased 10 to 100 at a time for 200 ms.
+    fn local_bucket() -> LocalBucket {
+        let bucket = TokenBucket {
+            capacity: 1000,
+            rate: 1,
+            per_ms: 1000,
+        };
+        LocalBucket::new("k", "k".into(), bucket, lease(), 1, 0)
+    }
+
+    #[test]
+    fn expiry_gives_back_only_what_older_batches_left() {
+        let b = local_bucket();
+        let plan = b.plan(1000, 1, 0);
+        let grant = |tokens| Reply {
+            granted: tokens,
+            remaining: 990,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+        };
+        assert!(b.add(&grant(10), 200, plan, 0));
+        assert!(matches!(b.try_take(4, 10), Take::Taken { .. }));
+        assert_eq!(b.available(), 6);
+        assert!(b.add(&grant(10), 300, plan, 100));
+        assert!(
+            !b.add(&grant(10), 150, plan, 150),
+            "a reply after its deadline is not added"
+        );
+        // 16 left: 6 of the first batch, 10 of the second. At 200 the first batch's 6 expire.
+        assert_eq!(b.expire(199), 0);
+        assert_eq!(b.expire(200), 6);
+        assert_eq!(b.available(), 10);
+        assert!(matches!(b.try_take(3, 201), Take::Taken { .. }));
+        assert_eq!(b.available(), 7);
+        assert_eq!(b.expire(300), 7);
+        assert_eq!(b.available(), 0);
+        assert!(!b.has_expired(10_000), "nothing left to expire");
+        assert!(b.add(&grant(5), 20_000, plan, 10_000));
+        assert_eq!(b.drain(), 5);
+        assert!(!b.claim_lease(), "a retired bucket starts no lease");
+        assert!(
+            !b.add(&grant(10), 90_000, plan, 10_001),
+            "nor takes a grant: it goes back"
+        );
+    }
+
+    #[test]
+    fn a_refusal_is_cached_until_retry_after() {
+        let b = local_bucket();
+        b.refused(Duration::from_nanos(50), Duration::ZERO, Duration::ZERO, 100);
+        assert_eq!(b.try_take(1, 120), Take::Exhausted { retry_ns: 30 });
+        assert_eq!(b.try_take(1, 150), Take::Empty);
+    }
+}

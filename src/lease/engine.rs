@@ -153,18 +153,6 @@ impl Engine {
         if heat.observe(compiled.hash(key), now) < hot_at(lease) {
             return None;
         }
-        Some(self.insert_local(compiled, bucket, lease, key, now))
-    }
-
-    /// The key's local bucket, made now if it has none.
-    fn insert_local(
-        &self,
-        compiled: &Compiled,
-        bucket: &TokenBucket,
-        lease: &Lease,
-        key: &str,
-        now: u64,
-    ) -> Arc<LocalBucket> {
         let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
         let local = compiled
             .leases
@@ -180,26 +168,7 @@ impl Engine {
                 ))
             })
             .clone();
-        local
-    }
-
-    /// The warm-up: after a cold key's store call, makes the key hot at once when the reply shows the fleet
-    /// already drawing its bucket (`remaining`, in tokens, is at least `min_batch` below what this call alone
-    /// would leave of a full bucket), instead of after `hot_after` more store calls of its own. At 1000
-    /// processes those first single-token calls alone would cost 3000 calls and drain the burst.
-    pub(crate) fn warm(
-        &self,
-        compiled: &Compiled,
-        bucket: &TokenBucket,
-        lease: &Lease,
-        key: &str,
-        cost: u64,
-        remaining: u64,
-    ) {
-        let drawn = bucket.capacity.saturating_sub(remaining.saturating_add(cost));
-        if drawn >= lease.min_batch.max(1) && !compiled.retired.load(Ordering::Acquire) {
-            self.insert_local(compiled, bucket, lease, key, self.clock.now_ns());
-        }
+        Some(local)
     }
 
     /// Decides `cost` tokens of a leased rule's hot `key`: from the local bucket, or after the key's lease in

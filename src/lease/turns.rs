@@ -12,13 +12,9 @@
 
 use crate::algorithm::TokenBucket;
 
-/// The smallest share of the refill a process assumes is its own once replies have shown it (1/4096: a fleet
-/// of more processes than that takes shorter turns than it needs, which costs calls, not the bound).
-const MIN_SHARE: f64 = 1.0 / 4096.0;
-
-/// The smallest share the first turn assumes, before any reply has shown what the others take (1/16): a wrong
-/// `expected_processes` (1000 for a fleet of 4) must not put the first turn tens of seconds away.
-const MIN_FIRST_SHARE: f64 = 1.0 / 16.0;
+/// The smallest share of the refill a process assumes is its own (1/16: more processes than that take longer
+/// turns than they need, which costs calls, not the bound).
+const MIN_SHARE: f64 = 1.0 / 16.0;
 
 /// How much of the past a new reply keeps: what one interval between replies shows is noisy (whether another
 /// process asked in it or not), so the share is measured over the last several.
@@ -46,9 +42,7 @@ impl Turns {
     /// one capacity's worth of refill, and follows what the replies show. `seed` varies the jitter between keys
     /// and processes.
     pub(crate) fn new(seed: u64, processes: u64, bucket: &TokenBucket) -> Self {
-        // Weighted as a sixteenth of the capacity: a wrong guess (4 for a fleet of 1000) fades within a few
-        // replies instead of a few dozen, each of which would be a store call of every process.
-        let prior = bucket.capacity as f64 / 16.0;
+        let prior = bucket.capacity as f64;
         Self {
             seen_ns: 0,
             seen_remaining: 0,
@@ -74,14 +68,9 @@ impl Turns {
     pub(crate) fn observe(&mut self, bucket: &TokenBucket, before: u64, remaining: u64, now_ns: u64) {
         if self.seen_ns > 0 && bucket.rate > 0 {
             let elapsed_ns = now_ns.saturating_sub(self.seen_ns);
-            // What the bucket could hold of the refill: beyond its capacity, the refill tells nothing. That only
-            // matters when it may have filled up meanwhile (it has half its capacity or more now): a bucket that
-            // stays low was emptied by the others all along, however long this process waited (at 1000
-            // processes a turn is several capacities of refill apart).
-            let mut refill = refill_tokens(bucket, elapsed_ns);
-            if before.saturating_mul(2) >= bucket.capacity {
-                refill = refill.min(bucket.capacity.saturating_sub(self.seen_remaining) as f64);
-            }
+            // What the bucket could hold of the refill: beyond its capacity, the refill tells nothing.
+            let room = bucket.capacity.saturating_sub(self.seen_remaining) as f64;
+            let refill = refill_tokens(bucket, elapsed_ns).min(room);
             if refill >= 1.0 {
                 let expected = self.seen_remaining as f64 + refill;
                 let others = (expected - before as f64).clamp(0.0, refill);
@@ -91,13 +80,6 @@ impl Turns {
         }
         self.seen_ns = now_ns;
         self.seen_remaining = remaining;
-    }
-
-    /// Records a lease the bucket refused: the others took all of the refill since this process's last reply,
-    /// and more processes share it than the estimate says, so the share is halved at once (a back-off) on top
-    /// of what [`Self::observe`] counts.
-    pub(crate) fn refused(&mut self) {
-        self.mine *= 0.5;
     }
 
     /// Nanoseconds until this process's next turn on a bucket of `batch`-token leases that has `remaining`
@@ -111,11 +93,7 @@ impl Turns {
         if bucket.rate == 0 {
             return 0;
         }
-        let share = if self.first {
-            self.share().max(MIN_FIRST_SHARE)
-        } else {
-            self.share()
-        };
+        let share = self.share();
         let ns_per_token = bucket.per_ms as f64 * 1e6 / bucket.rate as f64;
         let missing = (batch as f64 * 0.6 - remaining as f64).max(0.0);
         // Alone the bucket fills in `until_full`; with others taking their turns, in that over the share.
@@ -204,28 +182,8 @@ mod tests {
         // One interval in which nobody else asked moves the share, but not all the way.
         t.observe(&bucket(), 2000, 0, 63_000 * MS);
         assert!((0.25..0.5).contains(&t.share()), "{}", t.share());
-        // Refused: the others took everything, so the share halves at once.
-        let before = t.share();
-        t.refused();
-        assert!((t.share() - before / 2.0).abs() < 0.01, "{before} → {}", t.share());
         let mut stock = bucket();
         stock.rate = 0;
         assert_eq!(t.wait_ns(&stock, 500, 0), 0);
-    }
-
-    #[test]
-    fn a_thousand_processes_each_find_their_thousandth_share() {
-        // Each 10 s, 10 000 tokens of refill, of which the bucket kept 10 for this process: it never filled up
-        // (it stays near empty), so the whole refill counts, not only the capacity's worth.
-        let mut t = Turns::new(7, 4, &bucket());
-        t.observe(&bucket(), 10, 0, 1000 * MS);
-        for i in 1..=20 {
-            t.observe(&bucket(), 10, 0, (1000 + 10_000 * i) * MS);
-        }
-        assert!((0.0009..0.0012).contains(&t.share()), "{}", t.share());
-        // Its turns: 6 of its tokens (three fifths of a 10-token batch) at 1 token a second.
-        let _first = t.wait_ns(&bucket(), 10, 0);
-        let wait = t.wait_ns(&bucket(), 10, 0);
-        assert!((5000 * MS..=7000 * MS).contains(&wait), "{wait}");
     }
 }

@@ -197,15 +197,7 @@ impl Limiter {
                 Some((decision, true)) => return Ok(compiled.shadowed(decision)),
                 Some((decision, false)) => decision,
                 // A cold one: one store call, as without a lease.
-                None => {
-                    let decision = self.check_store(compiled, &unleased(bucket), key, cost).await;
-                    if matches!(decision.source, Source::Redis | Source::Memory) {
-                        // The fleet already draws the bucket: hot at once (the warm-up).
-                        let engine = &self.inner.engine;
-                        engine.warm(compiled, bucket, lease, key, cost, decision.remaining);
-                    }
-                    decision
-                }
+                None => self.check_store(compiled, &unleased(bucket), key, cost).await,
             },
             algorithm => self.check_store(compiled, algorithm, key, cost).await,
         };
