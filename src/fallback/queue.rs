@@ -29,9 +29,7 @@ use crate::error::StoreError;
 use crate::rule::Algorithm;
 use crate::store::call::{Call, Op};
 
-/// Another charge of the key is in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Busy;
+use super::share::Busy;
 
 /// The shortest window the bound is promised for (invariant 16), in ms.
 const MIN_WINDOW_MS: u64 = 200;
