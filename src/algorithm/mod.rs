@@ -5,6 +5,7 @@
 //! mirror it line for line, so one test table runs against both stores.
 
 pub mod ban;
+pub(crate) mod fleet;
 pub mod leaky_bucket;
 pub mod token_bucket;
 pub mod window;

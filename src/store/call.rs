@@ -2,15 +2,17 @@
 //! script's `KEYS` and `ARGV` (as redis-rs's `ScriptInvocation` builds an invocation) and where store keys are
 //! built. The in-process store matches on the same types, so neither side decodes positions.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::algorithm::fleet::Beat;
 use crate::algorithm::{LeakyBucket, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
+pub(crate) use members::Members;
 pub(crate) use window_charge::ChargedWindow;
 
+mod members;
 mod window_charge;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
@@ -82,6 +84,9 @@ pub(crate) enum Op {
     LeakyCharge { queue: LeakyBucket, ahead_ms: u64 },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
+    /// `fleet.lua`: a member's beat in the roster of a rule (the call's key), answered with the live count and
+    /// the hold ([`crate::algorithm::fleet::Count`]).
+    Fleet(Beat),
     /// `window_charge.lua`: write back to a window rule's state what `fail_mode = "local"` admitted alone; the
     /// charge `id` makes a retry a no-op.
     WindowCharge {
@@ -115,32 +120,10 @@ pub(crate) enum Arg<'a> {
     Str(&'a str),
 }
 
-/// Unique members of sliding-log and leaky-bucket calls: `{prefix}-{n}`, the prefix telling apart processes
-/// and limiters of one process.
-#[derive(Debug)]
-pub(crate) struct Members {
-    prefix: String,
-    next: AtomicU64,
-}
-
-impl Members {
-    /// Members for this process: the prefix is its id and the wall clock's nanoseconds now (a restarted
-    /// process with the same id gets another).
-    pub(crate) fn new() -> Self {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        Self {
-            prefix: format!("{:x}.{seed:x}", std::process::id()),
-            next: AtomicU64::new(0),
-        }
-    }
-
-    /// The next member.
-    pub(crate) fn next(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{}-{n}", self.prefix)
-    }
+/// The roster of `rule` (`fleet.lua`): `{prefix}:fleet:{rule}`. Store keys put `:{` right after the prefix and
+/// rule names hold no `:`, so it is no store key of any (rule, key) pair.
+pub(crate) fn roster_key(prefix: &str, rule: &str) -> String {
+    format!("{prefix}:fleet:{{{rule}}}")
 }
 
 /// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one key in
@@ -333,6 +316,11 @@ impl Call {
         Self::new(key, Op::Reset)
     }
 
+    /// `fleet.lua`: `beat` in the roster `key` ([`roster_key`]).
+    pub(crate) fn beat(key: impl Into<String>, beat: Beat) -> Self {
+        Self::new(key, Op::Fleet(beat))
+    }
+
     /// The call deciding `cost` tokens of `key` under `algorithm` at once (a leaky bucket answers whether a
     /// slot is free now), with the limits divided by `share`: 1 for the shared limits, the expected processes
     /// for `fail_mode = "local"`'s local share.
@@ -441,6 +429,7 @@ impl Call {
             Op::LeakyCharge { .. } => Script::LeakyCharge,
             Op::Reset => Script::Reset,
             Op::WindowCharge { .. } => Script::WindowCharge,
+            Op::Fleet(_) => Script::Fleet,
         }
     }
 
@@ -464,6 +453,9 @@ impl Call {
         if let Op::WindowCharge { .. } = self.op {
             return vec![self.key.clone(), self.charges_key()];
         }
+        if let Op::Fleet(_) = self.op {
+            return vec![self.key.clone(), format!("{}:hold", self.key), format!("{}:owing", self.key)];
+        }
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
@@ -473,6 +465,7 @@ impl Call {
             | Op::LeakyBucket { .. }
             | Op::LeakyReturn { .. }
             | Op::WindowCharge { .. }
+            | Op::Fleet(_)
             | Op::LeakyCharge { .. } => false,
         };
         if banned {
@@ -584,6 +577,15 @@ impl Call {
             }
             Op::LeakyCharge { queue, ahead_ms } => vec![int(queue.rate), int(*ahead_ms)],
             Op::Reset => Vec::new(),
+            Op::Fleet(beat) => vec![
+                Arg::Str(&beat.member),
+                int(beat.live_ms),
+                int(beat.silent_ms),
+                int(beat.keep_ms),
+                int(beat.hold_ms),
+                Arg::Int(i64::from(beat.back)),
+                Arg::Int(i64::from(beat.settled)),
+            ],
         };
         if let Some(now) = self.now_ms {
             args.push(int(now));

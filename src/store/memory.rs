@@ -10,6 +10,7 @@ use dashmap::DashMap;
 
 use super::call::{Call, ChargedWindow, Op, DEBIT_MARK_MS};
 use super::{bad_args, BoxFuture, Store};
+use crate::algorithm::fleet::Roster;
 use crate::algorithm::window::{Log, SubBuckets};
 use crate::algorithm::{Ban, FixedWindow, Frame, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
 use crate::clock::{Clock, MonotonicClock};
@@ -29,6 +30,8 @@ enum State {
     LeakyBucket(Tat),
     /// The ids of the charges applied to a window (`window_charge.lua`'s second key).
     Charges(BTreeSet<String>),
+    /// A rule's roster (`fleet.lua`'s three keys in one entry).
+    Roster(Roster),
 }
 
 /// The debits applied to a bucket, by id: what each charged (tokens) and until when it is remembered (ms). Redis
@@ -283,6 +286,18 @@ impl MemoryStore {
                 self.update_queue(key, now, |tat| queue.give_back(tat, *cost, member, now))
             }
             Op::WindowCharge { window, id, admitted } => self.charge_window(call, window, id, admitted, now),
+            Op::Fleet(beat) if beat.member.is_empty() || beat.keep_ms == 0 => {
+                Err(bad_args(call, "need a member and keep_ms >= 1"))
+            }
+            Op::Fleet(beat) => self.update_until(key, now, |state| {
+                let mut roster = match state {
+                    Some((State::Roster(roster), _)) => roster,
+                    _ => Roster::default(),
+                };
+                let count = roster.beat(beat, now);
+                let until = roster.expires_at_ms(beat.keep_ms);
+                (Some((State::Roster(roster), until)), count.to_reply())
+            }),
             Op::Reset => {
                 // The ban lives in the entry here (a second key in Redis).
                 self.map.remove(key);

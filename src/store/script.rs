@@ -15,11 +15,12 @@ pub(crate) enum Script {
     LeakyCharge,
     Reset,
     WindowCharge,
+    Fleet,
 }
 
 impl Script {
     /// Every script, in declaration order (the index of its hash and of its metric handles).
-    pub(crate) const ALL: [Script; 11] = [
+    pub(crate) const ALL: [Script; 12] = [
         Self::TokenBucket,
         Self::TokenReturn,
         Self::SlidingLog,
@@ -31,6 +32,7 @@ impl Script {
         Self::LeakyCharge,
         Self::Reset,
         Self::WindowCharge,
+        Self::Fleet,
     ];
 
     /// The script's name: its file name without `.lua`, and the `script` metric label.
@@ -47,6 +49,7 @@ impl Script {
             Self::LeakyCharge => "leaky_charge",
             Self::Reset => "reset",
             Self::WindowCharge => "window_charge",
+            Self::Fleet => "fleet",
         }
     }
 
@@ -64,6 +67,7 @@ impl Script {
             Self::LeakyCharge => include_str!("../../lua/leaky_charge.lua"),
             Self::Reset => include_str!("../../lua/reset.lua"),
             Self::WindowCharge => include_str!("../../lua/window_charge.lua"),
+            Self::Fleet => include_str!("../../lua/fleet.lua"),
         }
     }
 }

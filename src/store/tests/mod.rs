@@ -4,6 +4,7 @@
 
 #[path = "../../../tests/common/server.rs"]
 mod common;
+mod fleet;
 mod harness;
 mod latency;
 mod peek;
