@@ -12,6 +12,7 @@ mod config;
 mod decision;
 mod error;
 mod fallback;
+mod fleet;
 #[cfg(feature = "http")]
 pub mod http;
 mod lease;

@@ -35,6 +35,9 @@ pub const DEBT_DROPPED_TOKENS_TOTAL: &str = "tokenlease_debt_dropped_tokens_tota
 pub const LOCAL_KEYS: &str = "tokenlease_local_keys";
 /// Keys of a rule that lease in this process now (hot keys), by `rule`.
 pub const HOT_KEYS: &str = "tokenlease_hot_keys";
+/// Live processes of a rule's fleet, as its roster in the store counted them at this process's last beat
+/// (the divisor of every share of the rule), by `rule`.
+pub const FLEET_PROCESSES: &str = "tokenlease_fleet_processes";
 /// Callers waiting in a queue, by `rule`.
 pub const QUEUE_DEPTH: &str = "tokenlease_queue_depth";
 /// Time callers waited in a queue, in seconds, by `rule`.
@@ -122,6 +125,11 @@ pub fn describe() {
         "Keys of a rule that lease in this process now (decided often enough to spend a batch within the lease TTL)"
     );
     describe_gauge!(QUEUE_DEPTH, Unit::Count, "Callers waiting in a queue, by rule");
+    describe_gauge!(
+        FLEET_PROCESSES,
+        Unit::Count,
+        "Live processes of a rule's fleet counted by its roster in the store (the divisor of its shares), by rule"
+    );
     describe_histogram!(
         QUEUE_WAIT_SECONDS,
         Unit::Seconds,
@@ -296,6 +304,11 @@ pub(crate) fn eviction_unsafe(at_risk: bool) {
 /// Counts `tokens` of debt given up for `rule`, a rule no longer in force (its handle is gone).
 pub(crate) fn debt_dropped(rule: &str, tokens: u64) {
     counter!(DEBT_DROPPED_TOKENS_TOTAL, "rule" => rule.to_owned()).increment(tokens);
+}
+
+/// The gauge [`FLEET_PROCESSES`] of `rule`.
+pub(crate) fn fleet_processes(rule: &str) -> metrics::Gauge {
+    gauge!(FLEET_PROCESSES, "rule" => rule.to_owned())
 }
 
 /// Sets the number of keys in the local lease cache.

@@ -17,6 +17,7 @@
 //! lease in flight is refused locally by the lease engine (invariant 13).
 
 mod queue;
+mod settle;
 mod share;
 mod windows;
 
@@ -30,6 +31,7 @@ use crate::clock::Clock;
 use crate::compiled::Compiled;
 use crate::decision::{Decision, Source};
 use crate::error::{FailReason, StoreError};
+use crate::fleet::Fleet;
 use crate::rule::{Algorithm, FailMode};
 use crate::store::call::{Call, ChargedWindow, Members};
 use crate::store::guarded::Guarded;
@@ -64,8 +66,9 @@ impl Unsettled {
 /// The fail modes' state: the local shares and what they owe.
 #[derive(Debug)]
 pub(crate) struct Fallback {
-    /// Processes sharing the limits: the local share is `1 / processes` of them.
-    processes: u64,
+    /// The rules' fleets: the local share is `1 / processes` of a rule's limits, and after an outage its keys
+    /// are held until the fleet has charged what it admitted alone.
+    pub(crate) fleet: Arc<Fleet>,
     /// The token buckets' local shares and their debts.
     buckets: Shares,
     /// The window rules' local shares and what they owe.
@@ -84,18 +87,18 @@ pub(crate) struct Fallback {
 }
 
 impl Fallback {
-    /// The fail modes over `store`, for `processes` processes, remembering at most `max_keys` token-bucket
-    /// shares; the window algorithms' shares live in `windows`.
+    /// The fail modes over `store`, sharing each rule's limits among its `fleet`, remembering at most `max_keys`
+    /// shares per kind; the other algorithms' shares live in `windows`.
     pub(crate) fn new(
         (store, clock): (Arc<Guarded>, Arc<dyn Clock>),
         background: Arc<Background>,
-        members: Arc<Members>,
+        (members, fleet): (Arc<Members>, Arc<Fleet>),
         windows: MemoryStore,
-        (processes, max_keys): (u64, usize),
+        max_keys: usize,
     ) -> Self {
         Self {
-            processes: processes.max(1),
-            buckets: Shares::new(processes, max_keys),
+            fleet,
+            buckets: Shares::new(max_keys),
             window_shares: WindowShares::new(max_keys, clock.as_ref()),
             queues: Queues::new(max_keys),
             windows,
@@ -107,9 +110,9 @@ impl Fallback {
         }
     }
 
-    /// Processes sharing the limits.
-    pub(crate) fn processes(&self) -> u64 {
-        self.processes
+    /// Processes sharing the limits of `rule`: its fleet's live count.
+    pub(crate) fn processes(&self, rule: &str) -> u64 {
+        self.fleet.processes(rule)
     }
 
     /// Decisions made by `fail_mode` so far, per [`FailReason`] (in [`FailReason::ALL`]'s order).
@@ -139,14 +142,16 @@ impl Fallback {
         }
         let backoff = self.store.timeouts.backoff;
         let refused = Decision::bare(false, backoff, Source::Fallback);
+        let processes = self.processes(&compiled.rule.name);
         match compiled.fail_mode {
             FailMode::Open => Decision::bare(true, Duration::ZERO, Source::Fallback),
             FailMode::Closed => refused,
             FailMode::Local => {
                 let reply = match algorithm {
-                    Algorithm::TokenBucket { bucket, .. } => {
-                        self.buckets.take(store_key, *bucket, cost, self.now_ms()).ok_or(())
-                    }
+                    Algorithm::TokenBucket { bucket, .. } => self
+                        .buckets
+                        .take(store_key, (*bucket, processes), cost, self.now_ms())
+                        .ok_or(()),
                     // One failed call while the breaker is closed: the other processes most likely reach the
                     // store, and a slot booked or a window's token admitted alone would come beside theirs.
                     Algorithm::LeakyBucket { .. }
@@ -166,10 +171,10 @@ impl Fallback {
                         // Invariant 16: this process's share of what the window had left, written back later.
                         Some(window) => {
                             let now = self.now_ms();
-                            (self.window_shares.take(store_key, &window, cost, self.processes(), now)).ok_or(())
+                            (self.window_shares.take(store_key, &window, cost, processes, now)).ok_or(())
                         }
                         None => {
-                            let call = Call::check(algorithm, store_key, cost, self.processes, &self.members);
+                            let call = Call::check(algorithm, store_key, cost, processes, &self.members);
                             self.windows.run_sync(&call).map_err(|_| ())
                         }
                     },
@@ -210,27 +215,43 @@ impl Fallback {
     /// The store answered for `store_key` of a `local` rule with `remaining` tokens left in its shared
     /// `bucket`: the key's local share is lowered to this process's part of that.
     fn report(&self, store_key: &str, bucket: TokenBucket, remaining: u64) {
-        self.buckets.report(store_key, bucket, remaining, self.now_ms());
+        let processes = self.processes(split_store_key(store_key).0);
+        self.buckets
+            .report(store_key, (bucket, processes), remaining, self.now_ms());
     }
 
     /// Runs `call`, a store call for `store_key` whose limits are `algorithm` under fail mode `mode`, with the
-    /// fail mode's bookkeeping around it (invariants 12 and 16): what the key's local share owes is charged first
-    /// ([`Fallback::settle`], [`Fallback::settle_queue`]), a token bucket's answer under `local` lowers the key's
-    /// share ([`Fallback::report`]) and a leaky bucket's tells where its local queue would start
-    /// ([`Fallback::seen_queue`]).
+    /// fail mode's bookkeeping around it (invariants 12, 16 and 19): under `local` the rule joins its fleet
+    /// first ([`Fleet::join`]); what the key's local share owes is charged ([`Fallback::settle`],
+    /// [`Fallback::settle_queue`]); a rule whose fleet is held after an outage is not called; a token bucket's
+    /// answer under `local` lowers the key's share ([`Fallback::report`]) and a leaky bucket's tells where its
+    /// local queue would start ([`Fallback::seen_queue`]).
     ///
     /// # Errors
-    /// As [`Fallback::settle`], and [`Unsettled::Failed`] with the call's own store error.
+    /// As [`Fallback::settle`]; [`Unsettled::Held`] while the rule's fleet is held; [`Unsettled::Failed`] with
+    /// the call's own store error.
     pub(crate) async fn run(
         self: &Arc<Self>,
         (mode, algorithm): (FailMode, &Algorithm),
         store_key: &str,
         call: &Call,
     ) -> Result<Reply, Unsettled> {
+        let rule = split_store_key(store_key).0;
+        if mode == FailMode::Local {
+            // Invariant 19: a process that just started learns the fleet's count and any hold first.
+            self.fleet.join(rule).await;
+        }
         self.settle(store_key, algorithm).await?;
         let window = ChargedWindow::of(algorithm);
         self.settle_window(store_key, window.as_ref()).await?;
         self.settle_queue(store_key, algorithm).await?;
+        if mode == FailMode::Local {
+            // After an outage, no key of the rule is decided by the store until the fleet has charged what it
+            // admitted alone (or the hold's bound passed): the store would grant again what the others sold.
+            if let Some(ms) = self.fleet.held(rule) {
+                return Err(Unsettled::Held(Duration::from_millis(ms)));
+            }
+        }
         let reply = self.store.run(call).await.map_err(Unsettled::Failed)?;
         match (mode, algorithm, window) {
             (FailMode::Local, Algorithm::TokenBucket { bucket, .. }, _) => {

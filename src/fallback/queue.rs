@@ -327,7 +327,7 @@ impl Fallback {
     /// other calls.
     pub(super) fn run_local_queue(&self, call: &Call) -> Option<Reply> {
         let now = self.now_ms();
-        let processes = self.processes();
+        let processes = self.processes(super::split_store_key(&call.key).0);
         match &call.op {
             Op::LeakyBucket {
                 queue,
@@ -429,7 +429,7 @@ impl Fallback {
     /// Charges the shared `queue` of `store_key` with local slots that end at `until_ms` (ms of the limiter's
     /// clock): `leaky_charge.lua` with the time left until then, measured when the call is sent.
     /// `past_breaker` sends it even while the circuit breaker is open (at shutdown, the last chance).
-    async fn charge_queue(
+    pub(super) async fn charge_queue(
         &self,
         store_key: &str,
         queue: LeakyBucket,

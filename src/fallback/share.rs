@@ -71,7 +71,6 @@ struct Share {
 #[derive(Debug)]
 pub(crate) struct Shares {
     map: DashMap<String, Share, foldhash::fast::RandomState>,
-    processes: u64,
     max_keys: usize,
     /// Tokens owed over all keys: zero (the common case) costs callers one load.
     owed: AtomicU64,
@@ -80,21 +79,21 @@ pub(crate) struct Shares {
 }
 
 impl Shares {
-    /// Shares of a limit among `processes` processes, remembering at most `max_keys` keys.
-    pub(crate) fn new(processes: u64, max_keys: usize) -> Self {
+    /// Shares remembering at most `max_keys` keys.
+    pub(crate) fn new(max_keys: usize) -> Self {
         Self {
             map: DashMap::default(),
-            processes: processes.max(1),
             max_keys,
             owed: AtomicU64::new(0),
             held_until_ms: AtomicU64::new(0),
         }
     }
 
-    /// The store reported `remaining` tokens in the shared bucket of `key` at `now_ms`: the share is lowered to
-    /// `remaining / processes` tokens, never raised. A key not yet known is remembered while there is room.
-    pub(crate) fn report(&self, key: &str, bucket: TokenBucket, remaining: u64, now_ms: u64) {
-        let share = bucket.share(self.processes);
+    /// The store reported `remaining` tokens in the shared bucket of `key`, shared by `processes` processes, at
+    /// `now_ms`: the share is lowered to `remaining / processes` tokens, never raised. A key not yet known is
+    /// remembered while there is room.
+    pub(crate) fn report(&self, key: &str, (bucket, processes): (TokenBucket, u64), remaining: u64, now_ms: u64) {
+        let share = bucket.share(processes);
         // remaining / processes tokens in units of 1 / share.per_ms = remaining × per_ms units (exact).
         let part = i64::try_from(remaining.saturating_mul(bucket.per_ms)).unwrap_or(i64::MAX);
         let lowered = |state: Option<TokenBucketState>| {
@@ -126,11 +125,17 @@ impl Shares {
         }
     }
 
-    /// Takes `cost` tokens of `key`'s share at `now_ms` while the store fails; what is granted is owed. A key
-    /// the store never reported starts empty. `None` when the key is not known and there is no room for it:
-    /// what it admitted could not be remembered, so nothing is admitted.
-    pub(crate) fn take(&self, key: &str, bucket: TokenBucket, cost: u64, now_ms: u64) -> Option<Reply> {
-        let share = bucket.share(self.processes);
+    /// Takes `cost` tokens of `key`'s share of `bucket`, shared by `processes` processes, at `now_ms` while the
+    /// store fails; what is granted is owed. A key the store never reported starts empty. `None` when the key is
+    /// not known and there is no room for it: what it admitted could not be remembered, so nothing is admitted.
+    pub(crate) fn take(
+        &self,
+        key: &str,
+        (bucket, processes): (TokenBucket, u64),
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<Reply> {
+        let share = bucket.share(processes);
         let mut entry = match self.map.get_mut(key) {
             Some(entry) => entry,
             None if self.map.len() < self.max_keys => self.map.entry(key.to_owned()).or_insert(Share {
@@ -296,13 +301,13 @@ mod tests {
     };
 
     fn granted(shares: &Shares, cost: u64, now_ms: u64) -> u64 {
-        shares.take("k", BUCKET, cost, now_ms).map_or(0, |r| r.granted)
+        shares.take("k", (BUCKET, 2), cost, now_ms).map_or(0, |r| r.granted)
     }
 
     #[test]
     fn a_key_never_reported_starts_empty_and_refills_at_its_share_of_the_rate() {
-        let shares = Shares::new(2, 10);
-        let refused = shares.take("k", BUCKET, 1, 0).expect("room");
+        let shares = Shares::new(10);
+        let refused = shares.take("k", (BUCKET, 2), 1, 0).expect("room");
         assert_eq!((refused.granted, refused.retry_after_ms), (0, 200));
         assert_eq!(granted(&shares, 1, 199), 0);
         assert_eq!(granted(&shares, 1, 200), 1);
@@ -313,16 +318,16 @@ mod tests {
 
     #[test]
     fn a_report_lowers_the_share_to_its_part_of_the_level_and_never_raises_it() {
-        let shares = Shares::new(2, 10);
-        shares.report("k", BUCKET, 6, 0);
+        let shares = Shares::new(10);
+        shares.report("k", (BUCKET, 2), 6, 0);
         assert_eq!(granted(&shares, 3, 0), 3);
         assert_eq!(granted(&shares, 1, 0), 0);
         // The store says full: the share stays where it was (empty), refilling at 5 per second.
-        shares.report("k", BUCKET, 10, 0);
+        shares.report("k", (BUCKET, 2), 10, 0);
         assert_eq!(granted(&shares, 1, 0), 0);
         assert_eq!(granted(&shares, 1, 200), 1);
         // An episode's end does not refill it either: a report of an empty bucket empties it.
-        shares.report("k", BUCKET, 0, 1_000);
+        shares.report("k", (BUCKET, 2), 0, 1_000);
         assert_eq!(granted(&shares, 1, 1_000), 0);
     }
 
@@ -337,24 +342,24 @@ mod tests {
 
     #[test]
     fn the_time_between_a_report_and_the_first_take_after_it_is_not_refilled() {
-        let shares = Shares::new(2, 10);
+        let shares = Shares::new(10);
         // The store said empty at 0; the outage starts at 600 ms (a turn later, the others leased that refill).
-        shares.report("k", BUCKET, 0, 0);
+        shares.report("k", (BUCKET, 2), 0, 0);
         assert_eq!(granted(&shares, 1, 600), 0);
         // From the first take on, the share refills at its rate: 5 per second.
         assert_eq!(granted(&shares, 1, 799), 0);
         assert_eq!(granted(&shares, 1, 800), 1);
         // A new report: again nothing for the time up to the next take.
-        shares.report("k", BUCKET, 0, 1_000);
+        shares.report("k", (BUCKET, 2), 0, 1_000);
         assert_eq!(granted(&shares, 1, 5_000), 0);
         assert_eq!(granted(&shares, 1, 5_200), 1);
     }
 
     #[test]
     fn what_a_share_grants_is_owed_until_its_charge_ends_and_the_unabsorbed_part_is_carried() {
-        let shares = Shares::new(2, 10);
+        let shares = Shares::new(10);
         let mut id = ids();
-        shares.report("k", BUCKET, 10, 0);
+        shares.report("k", (BUCKET, 2), 10, 0);
         assert!(!shares.any_owed());
         assert_eq!(granted(&shares, 2, 0), 2);
         assert_eq!(granted(&shares, 1, 0), 1);
@@ -378,9 +383,9 @@ mod tests {
 
     #[test]
     fn a_debit_whose_answer_was_lost_is_sent_again_as_it_was_and_what_was_sold_since_waits_behind_it() {
-        let shares = Shares::new(2, 10);
+        let shares = Shares::new(10);
         let mut id = ids();
-        shares.report("k", BUCKET, 10, 0);
+        shares.report("k", (BUCKET, 2), 10, 0);
         assert_eq!(granted(&shares, 2, 0), 2);
         let first = shares.take_owed("k", &mut id).expect("not busy").expect("owed");
         assert_eq!((first.tokens, first.id.as_str()), (2, "d1"));
@@ -409,27 +414,31 @@ mod tests {
             rate: 1,
             per_ms: 1000,
         };
-        let shares = Shares::new(4, 10);
-        shares.report("u", one, 1, 0);
+        let shares = Shares::new(10);
+        shares.report("u", (one, 4), 1, 0);
         for now in [0, 4_000, 60_000] {
-            assert_eq!(shares.take("u", one, 1, now).map(|r| r.granted), Some(0), "at {now}");
+            assert_eq!(
+                shares.take("u", (one, 4), 1, now).map(|r| r.granted),
+                Some(0),
+                "at {now}"
+            );
         }
         // A stock (rate 0): its debt would never be repaid.
         let stock = TokenBucket { rate: 0, ..BUCKET };
-        shares.report("s", stock, 10, 0);
-        let refused = shares.take("s", stock, 1, 0).expect("room");
+        shares.report("s", (stock, 4), 10, 0);
+        let refused = shares.take("s", (stock, 4), 1, 0).expect("room");
         assert_eq!((refused.granted, refused.retry_after_ms), (0, NEVER));
     }
 
     #[test]
     fn the_sweep_forgets_idle_keys_but_never_a_debt_and_a_full_map_admits_no_new_key() {
-        let shares = Shares::new(2, 2);
-        shares.report("a", BUCKET, 10, 0);
-        shares.report("k", BUCKET, 10, 0);
+        let shares = Shares::new(2);
+        shares.report("a", (BUCKET, 2), 10, 0);
+        shares.report("k", (BUCKET, 2), 10, 0);
         assert_eq!(granted(&shares, 1, 0), 1);
         // Full: a third key is neither remembered nor admitted.
-        shares.report("c", BUCKET, 10, 0);
-        assert!(shares.take("c", BUCKET, 1, 0).is_none());
+        shares.report("c", (BUCKET, 2), 10, 0);
+        assert!(shares.take("c", (BUCKET, 2), 1, 0).is_none());
         shares.sweep(60_000, 60_000);
         assert_eq!(shares.map.len(), 1, "`a` was idle and owed nothing");
         assert_eq!(shares.owing_keys(), [("k".to_owned(), 1)]);

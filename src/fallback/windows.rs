@@ -469,7 +469,7 @@ impl Fallback {
 
     /// Writes `charge` of `store_key` back to its shared `window` (`window_charge.lua`); `past_breaker` sends
     /// it even while the circuit breaker is open (at shutdown, the last chance).
-    async fn charge_window(
+    pub(super) async fn charge_window(
         &self,
         store_key: &str,
         window: &ChargedWindow,

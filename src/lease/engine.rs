@@ -163,7 +163,7 @@ impl Engine {
                     store_key,
                     *bucket,
                     *lease,
-                    self.fallback.processes(),
+                    self.fallback.processes(&compiled.rule.name),
                     now,
                 ))
             })
@@ -269,13 +269,15 @@ impl Engine {
         let clock = &self.clock;
         let sent = clock.now_ns();
         // At most this process's share of the burst at once, so the others get theirs.
-        let fair_share = bucket.capacity / self.fallback.processes();
+        let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
         let plan = local.plan(fair_share, cost, sent);
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
         let call = Call::take(&local.store_key, *bucket, plan.min, plan.max).with_timeout(self.store.timeouts.lease);
         // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
         let modes = (compiled.fail_mode, &unleased(bucket));
+        // The fleet's count divides the fair share and the turns (invariant 17).
+        self.fallback.fleet.join(&compiled.rule.name).await;
         let result = match self.fallback.run(modes, &local.store_key, &call).await {
             Ok(reply) => Ok(reply),
             Err(Unsettled::Failed(error)) => Err(error),

@@ -14,6 +14,7 @@ use crate::compiled::Compiled;
 use crate::config::{self, Config, ProcessConfig, RedisConfig};
 use crate::error::Error;
 use crate::fallback::Fallback;
+use crate::fleet::Fleet;
 use crate::lease::engine::Engine;
 use crate::queue::Queue;
 use crate::rule::{self, FailMode, Rule};
@@ -121,13 +122,18 @@ impl LimiterBuilder {
         let store = Arc::new(Guarded::new(store, clock.clone(), Timeouts::from_call(timeout)));
         let members = Arc::new(Members::new());
         let shares = MemoryStore::with_clock(clock.clone());
-        let limits = (u64::from(processes), self.process.max_local_keys);
+        let fleet = Fleet::new(
+            (members.name().to_owned(), key_prefix.clone()),
+            u64::from(processes),
+            store.clone(),
+            clock.clone(),
+        );
         let fallback = Fallback::new(
             (store.clone(), clock.clone()),
             background.clone(),
-            members.clone(),
+            (members.clone(), Arc::new(fleet)),
             shares,
-            limits,
+            self.process.max_local_keys,
         );
         let fallback = Arc::new(fallback);
         let queue = Queue {
@@ -165,6 +171,7 @@ impl LimiterBuilder {
         telemetry::local_keys(0);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(lifecycle::sweeper(Arc::downgrade(&inner)));
+            handle.spawn(lifecycle::beats(Arc::downgrade(&inner)));
         }
         Ok(Limiter { inner })
     }

@@ -5,6 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{Inner, Limiter};
+use crate::fleet::{BEAT, BEAT_SOON};
 use crate::lease::engine::Engine;
 use crate::telemetry;
 
@@ -40,6 +41,41 @@ pub(super) async fn sweeper(inner: Weak<Inner>) {
         drop(background);
         let Some(inner) = inner.upgrade() else { return };
         Limiter { inner }.sweep();
+    }
+}
+
+/// Beats for every rule that joined its fleet ([`crate::fleet`]), every second (every 100 ms while cut off from
+/// the store or held), until the limiter is shut down or gone. Back from an outage and owing, a rule first beats
+/// unsettled (the fleet is held from then on, whoever calls first), charges every key that owes, then reports
+/// settled.
+pub(super) async fn beats(inner: Weak<Inner>) {
+    loop {
+        let Some((fallback, background)) = inner
+            .upgrade()
+            .map(|i| (i.engine.fallback.clone(), i.engine.background.clone()))
+        else {
+            return;
+        };
+        let fleet = fallback.fleet.clone();
+        let mut soon = false;
+        for seen in fleet.joined() {
+            if background.is_closed() {
+                return;
+            }
+            let rule = seen.rule();
+            if fleet.is_back(&seen) && fallback.owes(rule) && fleet.beat(&seen, false).await.is_ok() {
+                fallback.settle_rule(rule).await;
+            }
+            // A failed beat counts as a store failure: the next one is back, and soon.
+            let _ = fleet.beat(&seen, !fallback.owes(rule)).await;
+            soon |= fleet.is_urgent(&seen);
+        }
+        drop(fallback);
+        let wait = if soon { BEAT_SOON } else { BEAT };
+        tokio::select! {
+            _ = background.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
     }
 }
 

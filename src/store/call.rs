@@ -454,7 +454,11 @@ impl Call {
             return vec![self.key.clone(), self.charges_key()];
         }
         if let Op::Fleet(_) = self.op {
-            return vec![self.key.clone(), format!("{}:hold", self.key), format!("{}:owing", self.key)];
+            return vec![
+                self.key.clone(),
+                format!("{}:hold", self.key),
+                format!("{}:owing", self.key),
+            ];
         }
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,

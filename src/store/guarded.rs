@@ -62,6 +62,9 @@ pub(crate) struct Guarded {
     breaker: Breaker,
     clock: Arc<dyn Clock>,
     calls: AtomicU64,
+    /// Calls that failed because the store was unavailable or the breaker open: a process whose count moved since
+    /// its last beat comes back from an outage ([`crate::fleet`]).
+    failures: AtomicU64,
     /// The last call that reached the store succeeded (or none has failed yet); the gauge `store_ready`.
     answered: AtomicBool,
     /// The error of the last call that failed while the store was unavailable.
@@ -79,6 +82,7 @@ impl Guarded {
             breaker: Breaker::new(BREAKER_FAILURES, timeouts.breaker_open()),
             clock,
             calls: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
             answered: AtomicBool::new(true),
             last_error: Mutex::new(None),
             timeouts,
@@ -95,6 +99,7 @@ impl Guarded {
                 }
             }
             Err(e) if e.is_unavailable() => {
+                self.failures.fetch_add(1, Ordering::AcqRel);
                 *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
                 if self.answered.swap(false, Ordering::AcqRel) {
                     telemetry::store_ready(false);
@@ -140,6 +145,7 @@ impl Guarded {
     /// The store's error, or one of kind `CircuitOpen` when the breaker is open (the store was not called).
     pub(crate) async fn run(&self, call: &Call) -> Result<Reply, StoreError> {
         if self.breaker.admit(self.clock.now_ns()) == Admit::No {
+            self.failures.fetch_add(1, Ordering::AcqRel);
             return Err(StoreError {
                 kind: StoreErrorKind::CircuitOpen,
                 script: call.script().name(),
@@ -162,6 +168,11 @@ impl Guarded {
             .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
         self.note(&result);
         result
+    }
+
+    /// Calls that failed because the store was unavailable or the breaker open, so far.
+    pub(crate) fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Acquire)
     }
 
     /// Calls made so far (leases, returns, debits and direct checks).

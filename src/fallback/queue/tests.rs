@@ -8,6 +8,7 @@ use super::super::{Fallback, Unsettled};
 use super::*;
 use crate::background::Background;
 use crate::clock::{Clock, FakeClock};
+use crate::fleet::Fleet;
 use crate::rule::FailMode;
 use crate::store::call::Members;
 use crate::store::guarded::{Guarded, Timeouts};
@@ -124,12 +125,20 @@ fn fallback(clock: &FakeClock) -> (Arc<Fallback>, Arc<MemoryStore>) {
         clock.clone(),
         Timeouts::from_call(Duration::from_millis(50)),
     ));
+    let members = Arc::new(Members::new());
+    let fleet = Fleet::new(
+        (members.name().to_owned(), "tl".to_owned()),
+        4,
+        store.clone(),
+        clock.clone(),
+    );
+    fleet.joined_as("jobs", 4);
     let fallback = Fallback::new(
         (store, clock.clone()),
         Arc::new(Background::default()),
-        Arc::new(Members::new()),
+        (members, Arc::new(fleet)),
         MemoryStore::with_clock(clock),
-        (4, 100),
+        100,
     );
     (Arc::new(fallback), shared)
 }

@@ -32,22 +32,45 @@ fn fleet_table(p: &str) -> Vec<Step> {
         ("c joins", beat(&k, "c", QUIET, t0 + 1_000), r(3, 0, 0, 0)),
         ("a again: three live", beat(&k, "a", QUIET, t0 + 1_000), r(3, 0, 0, 0)),
         // An outage until t0 + 4 000: b is back first and owes what it sold alone; everyone silent owes a report.
-        ("b back, owing", beat(&k, "b", (true, false), t0 + 4_000), r(1, 3, 2_000, 1)),
-        ("a back, owed nothing", beat(&k, "a", (true, true), t0 + 4_100), r(2, 2, 1_900, 1)),
+        (
+            "b back, owing",
+            beat(&k, "b", (true, false), t0 + 4_000),
+            r(1, 3, 2_000, 1),
+        ),
+        (
+            "a back, owed nothing",
+            beat(&k, "a", (true, true), t0 + 4_100),
+            r(2, 2, 1_900, 1),
+        ),
         ("b has charged", beat(&k, "b", QUIET, t0 + 4_200), r(2, 1, 1_800, 1)),
-        ("c back: the hold ends", beat(&k, "c", (true, true), t0 + 4_300), r(3, 0, 0, 1)),
+        (
+            "c back: the hold ends",
+            beat(&k, "c", (true, true), t0 + 4_300),
+            r(3, 0, 0, 1),
+        ),
         // Another outage: c never reports (it exited); the hold ends at its bound.
         ("a back", beat(&k, "a", (true, true), t0 + 9_000), r(1, 2, 2_000, 2)),
         ("b back", beat(&k, "b", (true, true), t0 + 9_500), r(2, 1, 1_500, 2)),
         ("the bound passes", beat(&k, "a", QUIET, t0 + 11_000), r(2, 0, 0, 2)),
         // b alone cut off while a beat on: only c, silent since it exited, may have sold alone.
         ("a beats", beat(&k, "a", QUIET, t0 + 12_000), r(2, 0, 0, 2)),
-        ("b back, c silent", beat(&k, "b", (true, true), t0 + 12_100), r(2, 1, 2_000, 3)),
+        (
+            "b back, c silent",
+            beat(&k, "b", (true, true), t0 + 12_100),
+            r(2, 1, 2_000, 3),
+        ),
         // c is forgotten once unheard for keep_ms; then b, cut off again, waits for nobody.
         ("c forgotten", beat(&k, "a", QUIET, t0 + 64_301), r(1, 0, 0, 3)),
-        ("b back, nobody silent", beat(&k, "b", (true, true), t0 + 64_400), r(2, 0, 0, 3)),
+        (
+            "b back, nobody silent",
+            beat(&k, "b", (true, true), t0 + 64_400),
+            r(2, 0, 0, 3),
+        ),
     ];
-    steps.into_iter().map(|(what, call, reply)| step(what, call, reply)).collect()
+    steps
+        .into_iter()
+        .map(|(what, call, reply)| step(what, call, reply))
+        .collect()
 }
 
 #[tokio::test]

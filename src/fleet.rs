@@ -1,0 +1,223 @@
+//! The fleet as this process sees it: per rule, the live processes its roster in the store counted, and the
+//! hold after an outage (invariants 17 and 19 of docs/ARCHITECTURE.md; the roster is
+//! [`crate::algorithm::fleet`], `lua/fleet.lua`).
+//!
+//! A rule joins when this process first calls the store for it: that call waits for the rule's first beat, so
+//! a process that just started knows the fleet's count and any hold before it leases. From then on the
+//! limiter beats for the rule every [`BEAT`] (every [`BEAT_SOON`] while it is cut off or held), from a task of
+//! its own (`limiter/lifecycle.rs`). Until a rule's first beat is answered, its shares divide by the configured
+//! `expected_processes`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::sync::OnceCell;
+
+use crate::algorithm::fleet::{Beat, Count};
+use crate::clock::Clock;
+use crate::error::StoreError;
+use crate::store::call::{roster_key, Call};
+use crate::store::guarded::Guarded;
+use crate::telemetry;
+
+/// How often a member beats for each of its rules.
+pub(crate) const BEAT: Duration = Duration::from_secs(1);
+
+/// How often it beats while cut off from the store or held: it learns soon that the store is back, and that the
+/// hold has ended.
+pub(crate) const BEAT_SOON: Duration = Duration::from_millis(100);
+
+/// A member heard within this is live: three beats.
+const LIVE: Duration = Duration::from_secs(3);
+
+/// A member silent this long missed a beat and a half: it may have been cut off, and a hold waits for it.
+const SILENT: Duration = Duration::from_millis(1_500);
+
+/// A member unheard this long is forgotten (it exited).
+const KEEP: Duration = Duration::from_secs(60);
+
+/// The shortest hold: a beat, for the members that were cut off to notice the store is back and report, and a
+/// beat more for their charges.
+const MIN_HOLD: Duration = Duration::from_secs(2);
+
+/// What this process knows of one rule's fleet.
+#[derive(Debug)]
+pub(crate) struct Seen {
+    rule: String,
+    /// Live processes at the last beat; 0 before the first answer.
+    processes: AtomicU64,
+    /// The hold's end at the last beat, in ms of the limiter's clock.
+    held_until_ms: AtomicU64,
+    /// The store's failure count when the last beat was answered: when it moved since, this process comes back
+    /// from an outage. `u64::MAX` before the first answer.
+    beaten_at_failures: AtomicU64,
+    /// The first beat, which the rule's first store call waits for.
+    joined: OnceCell<()>,
+    gauge: metrics::Gauge,
+}
+
+impl Seen {
+    /// The rule's name.
+    pub(crate) fn rule(&self) -> &str {
+        &self.rule
+    }
+}
+
+/// This process's view of its rules' fleets.
+#[derive(Debug)]
+pub(crate) struct Fleet {
+    rules: DashMap<String, Arc<Seen>, foldhash::fast::RandomState>,
+    /// This limiter's member in the rosters.
+    member: String,
+    key_prefix: String,
+    /// The count assumed before a rule's first beat is answered (`expected_processes`).
+    assumed: u64,
+    store: Arc<Guarded>,
+    clock: Arc<dyn Clock>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Fleet {
+    /// The fleets of a limiter whose member is `member`, keeping rosters under `key_prefix`, assuming `assumed`
+    /// processes until a rule's roster answers.
+    pub(crate) fn new(
+        (member, key_prefix): (String, String),
+        assumed: u64,
+        store: Arc<Guarded>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            rules: DashMap::default(),
+            member,
+            key_prefix,
+            assumed: assumed.max(1),
+            store,
+            clock,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ns() / 1_000_000
+    }
+
+    /// The live processes of `rule`'s fleet (the divisor of its shares): the roster's count at the last beat,
+    /// or the assumed count before one was answered.
+    pub(crate) fn processes(&self, rule: &str) -> u64 {
+        match self.rules.get(rule).map(|s| s.processes.load(Ordering::Acquire)) {
+            Some(n) if n > 0 => n,
+            _ => self.assumed,
+        }
+    }
+
+    /// How long `rule`'s keys are still held at the last beat, in ms; `None` when they are not.
+    pub(crate) fn held(&self, rule: &str) -> Option<u64> {
+        let until = self.rules.get(rule)?.held_until_ms.load(Ordering::Acquire);
+        let now = self.now_ms();
+        (until > now).then(|| until - now)
+    }
+
+    /// Joins `rule`'s fleet: the first call waits for the rule's first beat (one store call, once; a failed one
+    /// is not retried here, the beats go on in the background).
+    pub(crate) async fn join(&self, rule: &str) {
+        let seen = self.seen(rule);
+        seen.joined
+            .get_or_init(|| async {
+                // A process that just started owes nothing.
+                let _ = self.beat(&seen, true).await;
+            })
+            .await;
+    }
+
+    fn seen(&self, rule: &str) -> Arc<Seen> {
+        if let Some(seen) = self.rules.get(rule) {
+            return seen.clone();
+        }
+        let seen = self.rules.entry(rule.to_owned()).or_insert_with(|| {
+            Arc::new(Seen {
+                rule: rule.to_owned(),
+                processes: AtomicU64::new(0),
+                held_until_ms: AtomicU64::new(0),
+                beaten_at_failures: AtomicU64::new(u64::MAX),
+                joined: OnceCell::new(),
+                gauge: telemetry::fleet_processes(rule),
+            })
+        });
+        seen.clone()
+    }
+
+    /// Joins `rule` as if its roster had answered `processes` (tests of one process among several).
+    #[cfg(test)]
+    pub(crate) fn joined_as(&self, rule: &str, processes: u64) {
+        let seen = self.seen(rule);
+        seen.processes.store(processes, Ordering::Release);
+        seen.beaten_at_failures.store(self.store.failures(), Ordering::Release);
+        let _ = seen.joined.set(());
+    }
+
+    /// The rules joined so far.
+    pub(crate) fn joined(&self) -> Vec<Arc<Seen>> {
+        self.rules.iter().map(|e| e.value().clone()).collect()
+    }
+
+    /// Whether this process comes back to `seen`'s rule from an outage: its store calls failed since the rule's
+    /// last answered beat.
+    pub(crate) fn is_back(&self, seen: &Seen) -> bool {
+        let at = seen.beaten_at_failures.load(Ordering::Acquire);
+        at != u64::MAX && at != self.store.failures()
+    }
+
+    /// Whether the next beat should come soon: cut off, back, or held.
+    pub(crate) fn is_urgent(&self, seen: &Seen) -> bool {
+        self.is_back(seen)
+            || seen.beaten_at_failures.load(Ordering::Acquire) == u64::MAX
+            || seen.held_until_ms.load(Ordering::Acquire) > self.now_ms()
+    }
+
+    /// How long a hold lasts at most: two of the store's recovery spreads (the breaker's open period and a
+    /// back-off: how far apart processes notice the store is back) and a lease timeout (a charge), at least
+    /// [`MIN_HOLD`].
+    fn hold(&self) -> Duration {
+        let timeouts = self.store.timeouts;
+        (timeouts.recovery_spread().saturating_mul(2) + timeouts.lease).max(MIN_HOLD)
+    }
+
+    /// Beats for `seen`'s rule: `settled` says this process owes nothing of it. The answer updates the count and
+    /// the hold (and the gauge `tokenlease_fleet_processes`).
+    ///
+    /// # Errors
+    /// The store's error; nothing is updated.
+    pub(crate) async fn beat(&self, seen: &Seen, settled: bool) -> Result<Count, StoreError> {
+        let failures = self.store.failures();
+        let beaten = seen.beaten_at_failures.load(Ordering::Acquire);
+        let beat = Beat {
+            member: self.member.clone(),
+            live_ms: millis(LIVE),
+            silent_ms: millis(SILENT),
+            keep_ms: millis(KEEP),
+            hold_ms: millis(self.hold()),
+            back: beaten != u64::MAX && beaten != failures,
+            settled,
+        };
+        let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat);
+        let reply = self.store.run(&call).await?;
+        let count = Count::from_reply(&reply);
+        let now = self.now_ms();
+        seen.processes.store(count.processes, Ordering::Release);
+        seen.held_until_ms
+            .store(now.saturating_add(count.hold_ms), Ordering::Release);
+        // Back and still owing: the next beat is back too, until it reports settled.
+        if settled || beaten == u64::MAX {
+            seen.beaten_at_failures.store(failures, Ordering::Release);
+        }
+        seen.gauge.set(count.processes as f64);
+        if count.hold_ms > 0 {
+            tracing::debug!(rule = %seen.rule, hold_ms = count.hold_ms, owing = count.owing, "the fleet is held");
+        }
+        Ok(count)
+    }
+}
