@@ -18,11 +18,12 @@
 --   owing      members the hold still waits for
 --   hold_ms    how long the hold lasts from now, 0 when none
 --   epoch      holds started so far
--- The first member back from an outage starts a hold unless one runs: every member silent for silent_ms owes a
+-- The first member back from an outage (or the first to join a fleet whose every member is silent) starts a hold
+-- unless one runs: every member silent for silent_ms owes a
 -- report (and this one, unless settled); the hold ends when all have reported or hold_ms has passed.
 -- Mirrors Roster::beat in src/algorithm/fleet.rs, which gives the same replies and stores the same state.
 
-local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
@@ -36,7 +37,8 @@ if not (member and live_ms and silent_ms and keep_ms and hold_ms) or member == '
     or keep_ms < 1 or hold_ms < 0 then
   return redis.error_reply('ERR fleet: bad arguments (member, live_ms, silent_ms, keep_ms, hold_ms, back, settled)')
 end
-local now = tonumber(ARGV[8])
+local now_arg = 8
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
@@ -51,7 +53,13 @@ for _, m in ipairs(redis.call('SMEMBERS', owing)) do
   if not redis.call('ZSCORE', roster, m) then redis.call('SREM', owing, m) end
 end
 
-if back and hold_until <= now then
+-- A member that joins a fleet whose every member is silent comes after an outage too (or after the whole fleet
+-- left): it may be the first to call when the store is back, before any of them.
+local joins_silence = false
+if not redis.call('ZSCORE', roster, member) and redis.call('ZCARD', roster) > 0 then
+  joins_silence = redis.call('ZCOUNT', roster, int(now - silent_ms), '+inf') == 0
+end
+if (back or joins_silence) and hold_until <= now then
   redis.call('DEL', owing)
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', roster, '-inf', '(' .. int(now - silent_ms))) do
     if m ~= member then redis.call('SADD', owing, m) end

@@ -76,6 +76,8 @@ pub(crate) struct Fleet {
     assumed: u64,
     store: Arc<Guarded>,
     clock: Arc<dyn Clock>,
+    /// Beats sent (each a store call).
+    beats: AtomicU64,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -98,7 +100,13 @@ impl Fleet {
             assumed: assumed.max(1),
             store,
             clock,
+            beats: AtomicU64::new(0),
         }
+    }
+
+    /// Beats sent so far (store calls of their own).
+    pub(crate) fn beats(&self) -> u64 {
+        self.beats.load(Ordering::Relaxed)
     }
 
     fn now_ms(&self) -> u64 {
@@ -204,6 +212,7 @@ impl Fleet {
             settled,
         };
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat);
+        self.beats.fetch_add(1, Ordering::Relaxed);
         let reply = self.store.run(&call).await?;
         let count = Count::from_reply(&reply);
         let now = self.now_ms();

@@ -46,6 +46,23 @@ fn on_redis(server: &common::RedisServer) -> Limiter {
         .build()
 }
 
+/// [`on_redis`] and three more processes that joined every rule's fleet (a call each on a key of their own): the
+/// rules' rosters count four, so the local shares are quarters. Keep the three alive while the test runs.
+async fn one_of_four(server: &common::RedisServer) -> (Limiter, Vec<Limiter>) {
+    let others: Vec<Limiter> = (0..3).map(|_| on_redis(server)).collect();
+    for other in &others {
+        for rule in rules() {
+            let _ = timed(other, &rule.name, "joins").await;
+        }
+    }
+    let l = on_redis(server);
+    for rule in rules() {
+        let _ = timed(&l, &rule.name, "joins").await;
+        assert_eq!(l.processes(&rule.name), 4, "{}", rule.name);
+    }
+    (l, others)
+}
+
 /// Runs a check and asserts it answered within a bound that holds on a loaded machine.
 async fn timed(l: &Limiter, rule: &str, key: &str) -> tokenlease::Decision {
     let started = Instant::now();
@@ -61,7 +78,7 @@ async fn timed(l: &Limiter, rule: &str, key: &str) -> tokenlease::Decision {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fail_mode_does_what_it_says_and_recovers() {
     let mut server = common::RedisServer::start();
-    let l = on_redis(&server);
+    let (l, _others) = one_of_four(&server).await;
     for rule in ["open", "closed", "local"] {
         let d = timed(&l, rule, "before").await;
         assert!(d.allowed && d.source == Source::Redis, "{rule}: {d:?}");
@@ -189,11 +206,13 @@ async fn admitted_by(l: &Limiter, rule: &str, key: &str, source: Source, calls: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
     let mut server = common::RedisServer::start();
-    let l = on_redis(&server);
+    let (l, _others) = one_of_four(&server).await;
     // Redis reports the keys' levels: 8 − 1 = 7 left, and 100 − the first lease.
     assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 1).await, 1);
+    // The tokens leased for "k" alone (joining leased a batch of another key).
+    let before = l.stats().leased_tokens;
     assert_eq!(admitted_by(&l, "leased_local", "k", Source::Redis, 1).await, 1);
-    let leased = l.stats().leased_tokens;
+    let leased = l.stats().leased_tokens - before;
     assert!((1..=10).contains(&leased), "{leased}");
     server.stop();
     // Alone, the process admits its share of what Redis last reported: 7 / 4 processes = 1.75, so 1; and a
@@ -228,7 +247,7 @@ async fn local_mode_returns_to_the_shared_limits_without_a_burst() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_charges_what_local_mode_admitted_alone() {
     let mut server = common::RedisServer::start();
-    let l = on_redis(&server);
+    let (l, _others) = one_of_four(&server).await;
     assert_eq!(admitted_by(&l, "local", "k", Source::Redis, 1).await, 1);
     server.stop();
     assert_eq!(admitted_by(&l, "local", "k", Source::Fallback, 10).await, 1);
@@ -267,9 +286,15 @@ async fn the_first_process_back_holds_the_key_until_the_others_have_charged() {
             .build()
     };
     let (a, b) = (process(), process());
-    // Redis reports 19 left to a, 18 to b: shares of 9 each.
+    // Redis reports 19 left to a, 18 to b: shares of 9 each, once both count the fleet of two.
     assert_eq!(admitted_by(&a, "stock", "k", Source::Redis, 1).await, 1);
     assert_eq!(admitted_by(&b, "stock", "k", Source::Redis, 1).await, 1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.processes("stock") != 2 || b.processes("stock") != 2 {
+        assert!(Instant::now() < deadline, "the fleet of two is never counted");
+        // real time: a counts b at its next beat, within a second.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     server.stop();
     assert_eq!(admitted_by(&a, "stock", "k", Source::Fallback, 15).await, 9);
     assert_eq!(admitted_by(&b, "stock", "k", Source::Fallback, 15).await, 9);

@@ -5,8 +5,8 @@
 //! remembers when it last heard each member:
 //! - the **live count** is the members heard within `live_ms`: every share of the rule (the lease's fair share,
 //!   the first turn, the `local` share) divides by it, so the fleet is counted, not guessed;
-//! - a member that comes **back** from a store outage (its calls failed since its last beat) starts a **hold**
-//!   if none runs: every member that was silent for `silent_ms` (it may have sold alone as well) now *owes* a
+//! - a member that comes **back** from a store outage (its calls failed since its last beat), or that joins a
+//!   fleet whose every member is silent, starts a **hold** if none runs: every member that was silent for `silent_ms` (it may have sold alone as well) now *owes* a
 //!   report, and until each has reported (`settled`: it charged everything it admitted alone), or `hold_ms`
 //!   has passed, no process leases or calls the rule's keys. So a process that owed nothing, or that just
 //!   started, does not sell the stock again before the fleet's debts are charged.
@@ -90,10 +90,15 @@ impl Roster {
         self.heard.retain(|_, at| *at >= forget_before);
         let heard = &self.heard;
         self.owing.retain(|m| heard.contains_key(m));
-        if beat.back && self.hold_until_ms <= now_ms {
+        let silent_before = now_ms.saturating_sub(beat.silent_ms);
+        // A member that joins a fleet whose every member is silent comes after an outage too (or after the whole
+        // fleet left): it may be the first to call when the store is back, before any of them.
+        let joins_silence = !self.heard.contains_key(&beat.member)
+            && !self.heard.is_empty()
+            && self.heard.values().all(|at| *at < silent_before);
+        if (beat.back || joins_silence) && self.hold_until_ms <= now_ms {
             // The first member back from an outage: every member silent as long as an outage (it may have sold
             // alone too) owes a report, this one until it has charged what it owes.
-            let silent_before = now_ms.saturating_sub(beat.silent_ms);
             self.owing = (self.heard.iter())
                 .filter(|(m, at)| **at < silent_before && **m != beat.member)
                 .map(|(m, _)| m.clone())
@@ -206,6 +211,22 @@ mod tests {
         let owing = roster.beat(&beat("a", true, false), 2_100);
         assert_eq!((owing.owing, owing.hold_ms), (1, 2_000));
         assert_eq!(roster.beat(&beat("a", false, true), 2_200).hold_ms, 0);
+    }
+
+    #[test]
+    fn a_member_joining_a_silent_fleet_holds_it_as_one_back_would() {
+        let mut roster = Roster::default();
+        for m in ["a", "b"] {
+            roster.beat(&beat(m, false, true), 0);
+        }
+        // After an outage, a process that just started is the first to beat: it owes nothing, the others might.
+        let new = roster.beat(&beat("new", false, true), 3_000);
+        assert_eq!((new.owing, new.hold_ms, new.epoch), (2, 2_000, 1));
+        // Joining a fleet that beats on holds nobody.
+        roster.beat(&beat("a", true, true), 3_100);
+        roster.beat(&beat("b", true, true), 3_100);
+        let other = roster.beat(&beat("other", false, true), 3_200);
+        assert_eq!((other.owing, other.hold_ms, other.epoch), (0, 0, 1));
     }
 
     #[test]

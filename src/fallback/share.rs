@@ -36,6 +36,14 @@ fn empty(share: TokenBucket, now_ms: u64) -> TokenBucketState {
     s
 }
 
+/// `state` as a state of `share`, the same level: a level is in units of `1 / (per_ms × processes)` token of the
+/// share, whatever the count, so when the fleet's count changes the share keeps its level (its part of the
+/// shared bucket's level) and only the parameters it records change. Converting it as a reload would (invariant
+/// 11) would scale the share by the change of the count instead.
+fn relabel(state: Option<TokenBucketState>, share: TokenBucket) -> Option<TokenBucketState> {
+    state.map(|s| TokenBucketState { bucket: share, ..s })
+}
+
 /// The exact full level of one process's share of `bucket`, in units of its share: `capacity / processes`
 /// tokens are `capacity × per_ms` units of `1 / (per_ms × processes)` token.
 fn exact_full(bucket: TokenBucket) -> i64 {
@@ -97,7 +105,7 @@ impl Shares {
         // remaining / processes tokens in units of 1 / share.per_ms = remaining × per_ms units (exact).
         let part = i64::try_from(remaining.saturating_mul(bucket.per_ms)).unwrap_or(i64::MAX);
         let lowered = |state: Option<TokenBucketState>| {
-            let mut s = share.refill(state, now_ms);
+            let mut s = share.refill(relabel(state, share), now_ms);
             s.level = s.level.min(part);
             s
         };
@@ -171,7 +179,7 @@ impl Shares {
                 s.ts_ms = s.ts_ms.max(now_ms);
             }
         }
-        let mut state = share.refill(entry.state, now_ms);
+        let mut state = share.refill(relabel(entry.state, share), now_ms);
         state.level = state.level.min(exact_full(bucket));
         let (state, reply) = share.take(Some(state), cost, cost, now_ms);
         entry.state = state;
@@ -404,6 +412,23 @@ mod tests {
         assert_eq!(shares.forgive("k"), 1);
         assert!(!shares.any_owed());
         assert_eq!(shares.owing_keys(), []);
+    }
+
+    #[test]
+    fn a_share_follows_the_fleets_count_without_growing() {
+        // 19 of 20 tokens left when the process counted itself alone: its share is all 19. The fleet is then
+        // counted at two: its share is half of what was left, 9.5 tokens, so 9 whole ones.
+        let b = TokenBucket {
+            capacity: 20,
+            rate: 1,
+            per_ms: 3_600_000,
+        };
+        let shares = Shares::new(10);
+        shares.report("k", (b, 1), 19, 1_000);
+        let sold: u64 = (0..15)
+            .map(|i| shares.take("k", (b, 2), 1, 2_000 + i).map_or(0, |r| r.granted))
+            .sum();
+        assert_eq!(sold, 9);
     }
 
     #[test]

@@ -336,7 +336,9 @@ impl LocalBucket {
         let mut not_before = 0;
         if book.saturated {
             // Not before this process's share of the refill makes a batch: its turn (`turns.rs`).
-            let wait_ns = book.turns.wait_ns(bucket, plan.batch, grant.remaining);
+            let wait_ns = book
+                .turns
+                .wait_ns(bucket, (plan.batch, grant.remaining), nanos(self.lease.ttl));
             not_before = now_ns.saturating_add(wait_ns);
         }
         self.exhausted_never.store(false, Ordering::Relaxed);
@@ -374,7 +376,9 @@ impl LocalBucket {
             let mut book = self.lock();
             book.turns
                 .observe(&self.bucket, reply.remaining, reply.remaining, now_ns);
-            let turn = book.turns.wait_ns(&self.bucket, plan.batch, reply.remaining);
+            let turn = book
+                .turns
+                .wait_ns(&self.bucket, (plan.batch, reply.remaining), nanos(self.lease.ttl));
             if retry_after == Duration::MAX {
                 retry_after
             } else {

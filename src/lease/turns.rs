@@ -89,7 +89,11 @@ impl Turns {
     /// Three fifths: the processes' calls come about 0.6 batch of refill apart, each taking what accumulated,
     /// so what a sale leaves in the shared bucket when it ends is about a third of a batch; waiting for whole
     /// batches would make fewer calls and leave twice as much.
-    pub(crate) fn wait_ns(&mut self, bucket: &TokenBucket, batch: u64, remaining: u64) -> u64 {
+    ///
+    /// Tokens already there (`remaining > 0`) are not left waiting for a slow refill: the turn then comes within
+    /// `scraps_ns` over the share (about one call per `scraps_ns`, the lease TTL, for the whole fleet), so the last
+    /// tokens of a bucket refilled at a few an hour sell within the TTL for a process alone, not hours later.
+    pub(crate) fn wait_ns(&mut self, bucket: &TokenBucket, (batch, remaining): (u64, u64), scraps_ns: u64) -> u64 {
         if bucket.rate == 0 {
             return 0;
         }
@@ -106,7 +110,10 @@ impl Turns {
         } else {
             self.jitter()
         };
-        let wait = (missing * ns_per_token / share * phase).min(until_full * 0.9);
+        let mut wait = (missing * ns_per_token / share * phase).min(until_full * 0.9);
+        if remaining > 0 {
+            wait = wait.min(scraps_ns as f64 / share * phase);
+        }
         wait.max(0.0) as u64
     }
 
@@ -156,9 +163,9 @@ mod tests {
         }
         assert!(t.share() > 0.95, "{}", t.share());
         // Its turn: three fifths of a 500-token batch, all its own, in 300 ms; the first at a random point of it.
-        let first = t.wait_ns(&bucket(), 500, 0);
+        let first = t.wait_ns(&bucket(), (500, 0), u64::MAX);
         assert!((90 * MS..=300 * MS).contains(&first), "{first}");
-        let wait = t.wait_ns(&bucket(), 500, 0);
+        let wait = t.wait_ns(&bucket(), (500, 0), u64::MAX);
         assert!((285 * MS..=315 * MS).contains(&wait), "{wait}");
     }
 
@@ -172,18 +179,35 @@ mod tests {
         }
         assert!((t.share() - 0.25).abs() < 0.01, "{}", t.share());
         // A quarter of the refill makes 300 tokens in 1.2 s (after a first turn anywhere from 0.36 s to 1.2 s).
-        let first = t.wait_ns(&bucket(), 500, 0);
+        let first = t.wait_ns(&bucket(), (500, 0), u64::MAX);
         assert!((350 * MS..=1200 * MS).contains(&first), "{first}");
-        let wait = t.wait_ns(&bucket(), 500, 0);
+        let wait = t.wait_ns(&bucket(), (500, 0), u64::MAX);
         assert!((1100 * MS..=1260 * MS).contains(&wait), "{wait}");
         // Never so late that the bucket could fill up: 2000 tokens take 2 s alone, 8 s shared by four.
-        let wait = t.wait_ns(&bucket(), 10_000, 0);
+        let wait = t.wait_ns(&bucket(), (10_000, 0), u64::MAX);
         assert!((7100 * MS..=7300 * MS).contains(&wait), "{wait}");
         // One interval in which nobody else asked moves the share, but not all the way.
         t.observe(&bucket(), 2000, 0, 63_000 * MS);
         assert!((0.25..0.5).contains(&t.share()), "{}", t.share());
         let mut stock = bucket();
         stock.rate = 0;
-        assert_eq!(t.wait_ns(&stock, 500, 0), 0);
+        assert_eq!(t.wait_ns(&stock, (500, 0), u64::MAX), 0);
+    }
+
+    #[test]
+    fn tokens_already_there_wait_for_no_slow_refill() {
+        // 10 tokens refilled at 1 an hour; a process alone, with 1 token left and batches of 5.
+        let slow = TokenBucket {
+            capacity: 10,
+            rate: 1,
+            per_ms: 3_600_000,
+        };
+        let mut t = Turns::new(7, 1, &slow);
+        t.wait_ns(&slow, (5, 1), 30_000 * MS);
+        // Three fifths of a batch would take two hours: the token there sells within the 30 s TTL instead.
+        let wait = t.wait_ns(&slow, (5, 1), 30_000 * MS);
+        assert!((28_000 * MS..=31_600 * MS).contains(&wait), "{wait}");
+        // With nothing left, the turn waits for the refill.
+        assert!(t.wait_ns(&slow, (5, 0), 30_000 * MS) > 3_000_000 * MS);
     }
 }

@@ -45,8 +45,11 @@ type RuleMap = HashMap<String, Arc<Compiled>, foldhash::fast::RandomState>;
 /// Counters of one limiter, in calls and tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LimiterStats {
-    /// Store calls: leases, returns and direct checks.
+    /// Store calls: leases, returns and direct checks (and debits, charges and queue calls), not the beats.
     pub store_calls: u64,
+    /// The fleet's beats: one per rule whose fleet this process joined, every second (every 100 ms while cut off
+    /// or held).
+    pub beats: u64,
     /// Tokens leased from the shared buckets.
     pub leased_tokens: u64,
     /// Leased tokens given back unused.
@@ -442,9 +445,19 @@ impl Limiter {
             .map(|c| c.rule.algorithm_for(key).quota())
     }
 
-    /// Store calls made so far by this limiter (leases, returns and direct checks).
+    /// Store calls made so far by this limiter (leases, returns and direct checks), not counting the fleet's
+    /// beats ([`LimiterStats::beats`]).
     pub fn store_calls(&self) -> u64 {
-        self.inner.engine.store.calls()
+        let engine = &self.inner.engine;
+        engine.store.calls().saturating_sub(engine.fallback.fleet.beats())
+    }
+
+    /// The live processes of `rule`'s fleet as this limiter last counted them (invariant 17): its roster in the
+    /// store, beaten every second by each process that calls the store for the rule; every share of the rule
+    /// divides by it. Before the rule's first count (no store call for it yet, or the store never answered) it is
+    /// the configured `expected_processes`. Also the gauge `tokenlease_fleet_processes{rule}`.
+    pub fn processes(&self, rule: &str) -> u64 {
+        self.inner.engine.fallback.processes(rule)
     }
 
     /// Counters of this limiter since it was built (also exported as metrics).
@@ -452,7 +465,8 @@ impl Limiter {
         let engine = &self.inner.engine;
         let [fail_mode_errors, fail_mode_timeouts, fail_mode_circuit_open] = engine.fallback.decided();
         LimiterStats {
-            store_calls: engine.store.calls(),
+            store_calls: self.store_calls(),
+            beats: engine.fallback.fleet.beats(),
             leased_tokens: engine.leased_tokens.load(Ordering::Relaxed),
             returned_tokens: engine.returned_tokens.load(Ordering::Relaxed),
             fail_mode_errors,

@@ -9,9 +9,11 @@ use crate::algorithm::{LeakyBucket, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
+pub(crate) use fleet::roster_key;
 pub(crate) use members::Members;
 pub(crate) use window_charge::ChargedWindow;
 
+mod fleet;
 mod members;
 mod window_charge;
 
@@ -84,8 +86,7 @@ pub(crate) enum Op {
     LeakyCharge { queue: LeakyBucket, ahead_ms: u64 },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
-    /// `fleet.lua`: a member's beat in the roster of a rule (the call's key), answered with the live count and
-    /// the hold ([`crate::algorithm::fleet::Count`]).
+    /// `fleet.lua`: a member's beat in a rule's roster (the call's key), answered with the count and the hold.
     Fleet(Beat),
     /// `window_charge.lua`: write back to a window rule's state what `fail_mode = "local"` admitted alone; the
     /// charge `id` makes a retry a no-op.
@@ -118,12 +119,6 @@ pub struct Call {
 pub(crate) enum Arg<'a> {
     Int(i64),
     Str(&'a str),
-}
-
-/// The roster of `rule` (`fleet.lua`): `{prefix}:fleet:{rule}`. Store keys put `:{` right after the prefix and
-/// rule names hold no `:`, so it is no store key of any (rule, key) pair.
-pub(crate) fn roster_key(prefix: &str, rule: &str) -> String {
-    format!("{prefix}:fleet:{{{rule}}}")
 }
 
 /// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one key in
@@ -314,11 +309,6 @@ impl Call {
     /// `reset.lua`: forget the state of `key` (bucket, log, window or queue) and its ban.
     pub(crate) fn reset(key: impl Into<String>) -> Self {
         Self::new(key, Op::Reset)
-    }
-
-    /// `fleet.lua`: `beat` in the roster `key` ([`roster_key`]).
-    pub(crate) fn beat(key: impl Into<String>, beat: Beat) -> Self {
-        Self::new(key, Op::Fleet(beat))
     }
 
     /// The call deciding `cost` tokens of `key` under `algorithm` at once (a leaky bucket answers whether a

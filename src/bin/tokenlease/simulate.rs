@@ -164,6 +164,7 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
     }
     while drivers.join_next().await.is_some() {}
     let at_end = Fleet::of(&limiters);
+    let counted = limiters.first().map_or(0, |l| l.processes(&setup.rule));
     for limiter in &limiters {
         limiter.shutdown().await;
     }
@@ -180,6 +181,8 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
         leased: at_end.leased,
         returned: at_end.returned,
         fail_mode: at_end.fail_mode,
+        beats: at_end.beats - fleet_at.first().map_or(0, |f| f.beats),
+        counted,
         real_s: 0.0,
     })
 }
@@ -194,6 +197,8 @@ struct Fleet {
     returned: u64,
     /// Decisions made by `fail_mode`.
     fail_mode: u64,
+    /// The fleet's beats (not in `calls`).
+    beats: u64,
 }
 
 impl Fleet {
@@ -206,6 +211,7 @@ impl Fleet {
                 leased: acc.leased + s.leased_tokens,
                 returned: acc.returned + s.returned_tokens,
                 fail_mode: acc.fail_mode + s.fail_mode_errors + s.fail_mode_timeouts + s.fail_mode_circuit_open,
+                beats: acc.beats + s.beats,
             })
     }
 

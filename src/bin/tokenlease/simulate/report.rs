@@ -59,6 +59,10 @@ pub(crate) struct Figures {
     pub(crate) returned: u64,
     /// Decisions made by `fail_mode` (the store failed or timed out).
     pub(crate) fail_mode: u64,
+    /// The fleet's beats during the sale (store calls of their own, not in `calls_at`).
+    pub(crate) beats: u64,
+    /// The live processes the first limiter counted at the end (its rule's roster).
+    pub(crate) counted: u64,
     /// How long the run took, in seconds of real time.
     pub(crate) real_s: f64,
 }
@@ -134,6 +138,9 @@ pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
         "errors": f.errors,
         "fail_mode_decisions": f.fail_mode,
         "store_calls": d.calls,
+        "beats": f.beats,
+        "beats_per_s": num(f.beats as f64 / setup.duration.as_secs_f64()),
+        "counted": f.counted,
         "calls_per_s": num(d.calls_per_s),
         "calls_per_admitted": num(d.calls_per_admitted),
         "steady_calls_per_s": d.steady_calls_per_s.map(num),
@@ -180,6 +187,11 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
         "  store calls/s        {:>10.1}   (from {STEADY_FROM_S} s on: {})",
         d.calls_per_s,
         steady(d.steady_calls_per_s, 1)
+    );
+    println!(
+        "  beats/s              {:>10.1}   (the fleet's count: {} live processes; beats are not in the calls)",
+        f.beats as f64 / setup.duration.as_secs_f64(),
+        f.counted
     );
     println!(
         "  calls per admitted   {:>10.4}   (from {STEADY_FROM_S} s on: {})",
