@@ -203,6 +203,40 @@ impl TokenBucket {
         (new, reply)
     }
 
+    /// A lease of between `min` and `max` tokens that takes its turn on a saturated bucket (invariant 18;
+    /// mirrors `lua/token_lease.lua`): [`TokenBucket::take`], and when the call leaves fewer than `min` tokens
+    /// behind (the same call again would be refused) the caller is handed the bucket's next *turn*: `turn_ms` (the last turn handed out, 0 when none) moves to `max(turn_ms, now_ms)` plus
+    /// [`TokenBucket::turn_spacing`] of `batch`, and the reply's `retry_after_ms` is the wait for it (at least
+    /// the wait for `min` tokens on a refusal). So the processes of a saturated key call one after another,
+    /// a turn's refill apart, whatever their number, and none bunch. Returns the state, the last turn handed
+    /// out (0 when the bucket is full: a missing key has none) and the reply.
+    pub(crate) fn lease(
+        &self,
+        (state, turn_ms): (Option<TokenBucketState>, u64),
+        (min, max, batch): (u64, u64, u64),
+        now_ms: u64,
+    ) -> (Option<TokenBucketState>, u64, Reply) {
+        let (new, mut reply) = self.take(state, min, max, now_ms);
+        let mut turn = turn_ms;
+        if self.rate > 0 && batch > 0 && reply.retry_after_ms != NEVER && reply.remaining < min {
+            turn = turn.max(now_ms).saturating_add(self.turn_spacing(batch));
+            reply.retry_after_ms = reply.retry_after_ms.max(ms(turn - now_ms));
+        }
+        if new.is_none() {
+            turn = 0;
+        }
+        (new, turn, reply)
+    }
+
+    /// Milliseconds between two turns on a saturated bucket for leases of `batch` tokens: three fifths of the
+    /// time the refill takes to make a batch (at least 1 ms). Each turn then takes what accumulated, about 0.6
+    /// batch (a lease on a saturated bucket asks for up to two batches), so what a sale leaves in the bucket when
+    /// it ends is under a batch. Exact in Lua's doubles while it is below 2^53 ms.
+    pub(crate) fn turn_spacing(&self, batch: u64) -> u64 {
+        let refill = ceil_div(batch.min(self.capacity).saturating_mul(self.per_ms), self.rate.max(1));
+        ceil_div(refill.saturating_mul(3), 5).max(1)
+    }
+
     /// Guava's "consume now, pay later" (`SmoothBursty`): a caller not behind a debt gets its `cost` tokens at
     /// once, even more than are there, and the bucket goes into debt; a caller behind a debt waits until it is
     /// repaid (`retry_after_ms` of a grant is that wait), then takes its tokens, deepening the debt for the
@@ -392,6 +426,38 @@ mod tests {
             (0, s),
             "a refusal under the same parameters stores nothing new"
         );
+    }
+
+    #[test]
+    fn short_leases_are_handed_turns_a_fraction_of_a_batch_apart() {
+        // 100 tokens refilled at 1000 a second; batches of 50: turns 30 ms apart.
+        let b = TokenBucket {
+            capacity: 100,
+            rate: 1_000,
+            per_ms: 1_000,
+        };
+        assert_eq!(b.turn_spacing(50), 30);
+        // All it asked for, and as much left: no turn.
+        let (s, turn, r) = b.lease((None, 0), (1, 50, 50), 0);
+        assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 50, 0, 0));
+        // The next drains the bucket: the first turn, 30 ms from now.
+        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), 0);
+        assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 0, 30, 30));
+        // Two more callers at 10 ms: a grant of what refilled and a refusal, each given the next turn.
+        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), 10);
+        assert_eq!((r.granted, r.retry_after_ms, turn), (10, 50, 60));
+        let (s, turn, r) = b.lease((s, turn), (5, 60, 50), 10);
+        assert_eq!((r.granted, r.retry_after_ms, turn), (0, 80, 90));
+        // The bucket refilled: a batch taken and one left, no turn (the last stays as it was).
+        let (s, turn, r) = b.lease((s, turn), (1, 50, 50), 500);
+        assert_eq!((r.granted, r.retry_after_ms, turn), (50, 0, 90));
+        // Turns past: the next starts from now.
+        let (_, turn, r) = b.lease((s, turn), (1, 60, 50), 500);
+        assert_eq!((r.granted, r.retry_after_ms, turn), (50, 30, 530));
+        // A stock or a cost above the capacity is never: no turn.
+        let stock = TokenBucket { rate: 0, ..b };
+        let (_, turn, r) = stock.lease((Some(stock.refill(None, 0)), 0), (101, 101, 50), 0);
+        assert_eq!((r.retry_after_ms, turn), (NEVER, 0));
     }
 
     #[test]

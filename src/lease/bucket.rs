@@ -2,7 +2,7 @@
 //!
 //! A [`LocalBucket`] is what the hot path touches: the leased tokens in per-core shards (`shards.rs`), taken
 //! with one compare-and-swap on the thread's own shard, a deadline, and a cached "exhausted until". Everything
-//! slower (the book of leases and their deadlines, the adaptive batch size, the turns on a saturated shared
+//! slower (the book of leases and their deadlines, the adaptive batch size, the turn the shared bucket handed out on a saturated shared
 //! bucket) sits behind a mutex that only the lease, expiry and sweep paths take.
 //!
 //! Invariant 1 (docs/ARCHITECTURE.md, "Invariants") rests on the deadlines: a token is spent at most `ttl` after the lease that
@@ -18,7 +18,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::shards::{Counts, Shards};
-use super::turns::Turns;
 use crate::algorithm::{Reply, TokenBucket};
 use crate::clock::nanos;
 use crate::error::FailReason;
@@ -42,15 +41,13 @@ struct Book {
     batches: VecDeque<Batch>,
     /// The adaptive batch size, in tokens.
     batch: u64,
-    /// The last lease was refused or partial: wait for this process's turn (docs/ARCHITECTURE.md, invariant 4).
+    /// The shared bucket handed this process a turn at its last lease (it is saturated: `token_lease.lua`).
     saturated: bool,
     /// When the last lease was sent, and the decisions counted by then.
     last_lease_ns: u64,
     decisions_at_lease: u64,
     /// Decisions per second between the last two leases (the demand, refusals included).
     demand_per_s: u64,
-    /// The turns this process takes on the shared bucket when it is saturated.
-    turns: Turns,
     /// Decisions already added to the metrics.
     flushed: Counts,
     /// When the sweeper last measured the key's heat, and the decisions counted by then.
@@ -68,6 +65,9 @@ pub(crate) struct LeasePlan {
     /// The batch: what a lease is sized for (`max` is twice it on a saturated bucket, so that a turn that comes
     /// late takes what accumulated).
     pub batch: u64,
+    /// What a turn on the saturated bucket should bring (at least the batch): the bucket spaces the turns it
+    /// hands this process by it (`token_lease.lua`).
+    pub turn: u64,
 }
 
 /// One key's leased tokens in this process.
@@ -123,17 +123,8 @@ pub(crate) enum Take {
 }
 
 impl LocalBucket {
-    /// A key's empty bucket; `processes` is the configured `expected_processes` (the first guess of this
-    /// process's share of a saturated bucket, `turns.rs`).
-    pub(crate) fn new(
-        key: &str,
-        store_key: String,
-        bucket: TokenBucket,
-        lease: Lease,
-        processes: u64,
-        now_ns: u64,
-    ) -> Self {
-        let turns = Turns::new(seed(&store_key, now_ns), processes, &bucket);
+    /// A key's empty bucket.
+    pub(crate) fn new(key: &str, store_key: String, bucket: TokenBucket, lease: Lease, now_ns: u64) -> Self {
         Self {
             key: key.into(),
             store_key,
@@ -159,7 +150,6 @@ impl LocalBucket {
                 last_lease_ns: now_ns,
                 decisions_at_lease: 0,
                 demand_per_s: 0,
-                turns,
                 flushed: Counts::default(),
                 heat_at_ns: now_ns,
                 decisions_at_heat: 0,
@@ -207,7 +197,7 @@ impl LocalBucket {
 
     /// Whether the tokens left call for a background lease, `home_left` being what this thread's shard has
     /// left (the sum over all shards is read only when that share is low). Not before this process's turn on
-    /// a saturated shared bucket (`turns.rs`).
+    /// a saturated shared bucket (`token_lease.lua`).
     #[inline]
     pub(crate) fn below_watermark(&self, home_left: u64, now_ns: u64) -> bool {
         let watermark = self.low_watermark.load(Ordering::Relaxed);
@@ -257,8 +247,9 @@ impl LocalBucket {
     /// batch as `min` when the shared bucket is saturated.
     ///
     /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
-    /// processes; once it is, the processes take turns (`turns.rs`) and a batch may reach `max_batch`. `cost`
-    /// is what the caller needs.
+    /// processes; once it is, the processes take the turns the bucket hands out (`token_lease.lua`) and a batch
+    /// may reach `max_batch`. Never more than the demand spends within 0.9 × the TTL (the rest would go back
+    /// unspent, a give-back per lease). `cost` is what the caller needs.
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
         let mut book = self.lock();
@@ -275,41 +266,66 @@ impl LocalBucket {
         if self.starved.swap(false, Ordering::Relaxed) {
             batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
         }
-        if !book.saturated {
+        // What the demand spends within 0.9 × the TTL (no cap before a demand is seen).
+        let spendable = match book.demand_per_s {
+            0 => u64::MAX,
+            d => u64::try_from(u128::from(d) * u128::from(nanos(lease.ttl)) * 9 / 10_000_000_000).unwrap_or(u64::MAX),
+        };
+        // What a turn on the saturated bucket should bring: what the demand spends in the TTL (fewer turns than
+        // batches sized for half of it), the batch before a demand is seen. It spaces the turns the bucket hands
+        // out, from the first lease on: spaced by a fair share of the burst, they would each bring a few tokens.
+        let turn = if spendable < u64::MAX {
+            spendable.clamp(lease.min_batch, lease.max_batch)
+        } else {
+            batch
+        };
+        if book.saturated {
+            batch = batch.max(turn);
+        } else {
             batch = batch.min(fair_share.max(1));
         }
-        let batch = batch.max(cost);
+        let batch = batch.min(spendable.max(lease.min_batch)).max(cost);
         book.batch = batch;
         book.last_lease_ns = now_ns;
         book.decisions_at_lease = decisions;
         self.last_used_ns.store(now_ns, Ordering::Relaxed);
         self.low_watermark.store(batch / 4, Ordering::Relaxed);
-        // Saturated: the calls are spaced by the turns (`turns.rs`), and each takes what accumulated, however
-        // little (a refusal would cost the same call and admit nothing), up to two batches (what the demand
-        // spends within the TTL), so that a turn that comes late loses nothing.
+        // Saturated: the calls are spaced by the bucket's turns, and each takes what accumulated, however little
+        // (a refusal would cost the same call and admit nothing), up to two batches (within what the demand
+        // spends in the TTL), so that a turn that comes late loses little.
         if book.saturated {
-            let max = batch.saturating_mul(2).min(self.bucket.capacity).max(batch);
-            LeasePlan { min: cost, max, batch }
+            let max = batch
+                .saturating_mul(2)
+                .min(self.bucket.capacity)
+                .min(spendable)
+                .max(batch);
+            LeasePlan {
+                min: cost,
+                max,
+                batch,
+                turn: turn.max(batch),
+            }
         } else {
             LeasePlan {
                 min: cost,
                 max: batch,
                 batch,
+                turn: turn.max(batch),
             }
         }
     }
 
     /// Adds a granted batch that must be spent by `deadline_ns`.
     ///
-    /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), the
-    /// next lease is not sent before this process's turn (`turns.rs`): until then, callers that find no local
-    /// tokens are refused locally (docs/ARCHITECTURE.md, invariant 4).
+    /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), it
+    /// handed this process a turn (`grant.retry_after_ms`, `token_lease.lua`): the next lease is not sent
+    /// before it, and until then callers that find no local tokens are refused locally (docs/ARCHITECTURE.md,
+    /// invariants 4 and 18).
     ///
     /// Returns `false`, adding nothing, when the bucket is retired or the deadline has already passed (a late
     /// reply): the caller gives the grant back.
     #[must_use = "a grant that is not added must be given back"]
     pub(crate) fn add(&self, grant: &Reply, deadline_ns: u64, plan: LeasePlan, now_ns: u64) -> bool {
-        let bucket = &self.bucket;
         let mut book = self.lock();
         if self.retired.load(Ordering::Acquire) || now_ns >= deadline_ns {
             return false;
@@ -321,7 +337,12 @@ impl LocalBucket {
         });
         // The deadline is in force before the tokens can be spent.
         self.next_deadline_ns.fetch_min(deadline_ns, Ordering::AcqRel);
-        book.saturated = grant.granted < plan.batch || grant.remaining < plan.batch;
+        let turn_ns = u64::try_from(grant.retry_after_ms)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000);
+        // Saturated: handed a turn, or all it asked for but the bucket has less than a batch left (the next
+        // lease takes what is there, up to two batches, and is handed a turn then).
+        book.saturated = turn_ns > 0 || grant.remaining < plan.batch;
         // The next lease starts while enough is left to last two of this lease's round trips at the spend rate
         // (a quarter of the batch at least, the whole batch at most): on a slow network the refill then
         // arrives before the tokens run out.
@@ -331,16 +352,8 @@ impl LocalBucket {
         self.low_watermark
             .store((plan.batch / 4).max(for_two_trips).min(plan.batch), Ordering::Relaxed);
         self.tokens.add(grant.granted);
-        let before = grant.granted.saturating_add(grant.remaining);
-        book.turns.observe(bucket, before, grant.remaining, now_ns);
-        let mut not_before = 0;
-        if book.saturated {
-            // Not before this process's share of the refill makes a batch: its turn (`turns.rs`).
-            let wait_ns = book
-                .turns
-                .wait_ns(bucket, (plan.batch, grant.remaining), nanos(self.lease.ttl));
-            not_before = now_ns.saturating_add(wait_ns);
-        }
+        // Not before the turn the bucket handed out (0: none).
+        let not_before = if turn_ns > 0 { now_ns.saturating_add(turn_ns) } else { 0 };
         self.exhausted_never.store(false, Ordering::Relaxed);
         self.exhausted_until_ns.store(not_before, Ordering::Release);
         self.failing_until_ns.store(0, Ordering::Release);
@@ -368,30 +381,12 @@ impl LocalBucket {
             .store(now_ns.saturating_add(nanos(reset_after)), Ordering::Relaxed);
     }
 
-    /// Records a lease the shared bucket refused (it had `reply.remaining`, fewer than `plan.min`: another
-    /// process just took its turn): refuse locally until this process's next turn (`turns.rs`), and at least
-    /// the reply's `retry_after`.
-    pub(crate) fn refused_by_store(&self, reply: &Reply, plan: LeasePlan, retry_after: Duration, now_ns: u64) {
-        let wait = {
-            let mut book = self.lock();
-            book.turns
-                .observe(&self.bucket, reply.remaining, reply.remaining, now_ns);
-            let turn = book
-                .turns
-                .wait_ns(&self.bucket, (plan.batch, reply.remaining), nanos(self.lease.ttl));
-            if retry_after == Duration::MAX {
-                retry_after
-            } else {
-                retry_after.max(Duration::from_nanos(turn))
-            }
-        };
+    /// Records a lease the shared bucket refused (it had fewer than `plan.min` tokens: other processes took
+    /// their turns): refuse locally until the turn it handed this process, the reply's `retry_after`.
+    pub(crate) fn refused_by_store(&self, reply: &Reply, now_ns: u64) {
+        let retry_after = crate::decision::from_protocol_ms(reply.retry_after_ms);
         let reset_after = crate::decision::from_protocol_ms(reply.reset_after_ms);
-        self.refused(wait, super::engine::NEVER_RECHECK, reset_after, now_ns);
-    }
-
-    /// This process's estimated share of the shared bucket's refill (`turns.rs`).
-    pub(crate) fn share(&self) -> f64 {
-        self.lock().turns.share()
+        self.refused(retry_after, super::engine::NEVER_RECHECK, reset_after, now_ns);
     }
 
     /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.
@@ -488,12 +483,6 @@ impl LocalBucket {
     }
 }
 
-/// A seed for a key's jitter: its store key and the time its bucket was made.
-fn seed(store_key: &str, now_ns: u64) -> u64 {
-    use std::hash::BuildHasher;
-    foldhash::fast::FixedState::with_seed(now_ns).hash_one(store_key)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,7 +503,7 @@ mod tests {
             rate: 1,
             per_ms: 1000,
         };
-        LocalBucket::new("k", "k".into(), bucket, lease(), 1, 0)
+        LocalBucket::new("k", "k".into(), bucket, lease(), 0)
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::background::Background;
 use crate::clock::{nanos, Clock, Recent};
 use crate::compiled::Compiled;
 use crate::config::ProcessConfig;
-use crate::decision::{from_protocol_ms, Decision, Source};
+use crate::decision::{Decision, Source};
 use crate::error::FailReason;
 use crate::fallback::{Fallback, Unsettled};
 use crate::rule::{Algorithm, Lease};
@@ -135,6 +135,24 @@ impl Engine {
         }
     }
 
+    /// Called after a cold decision of a leased rule's `key` that left the shared bucket `remaining` tokens: a
+    /// bucket at least a batch below full beyond this decision's `cost` is spent by other processes (the fleet
+    /// leases it), so the key is hot at once, not after `hot_after` store calls (the warm-up of a fleet of a
+    /// thousand would otherwise cost three calls per process).
+    pub(crate) fn heat_up(
+        &self,
+        compiled: &Compiled,
+        (bucket, lease): (&TokenBucket, &Lease),
+        key: &str,
+        cost: u64,
+        remaining: u64,
+    ) {
+        let drained = remaining.saturating_add(cost).saturating_add(lease.min_batch) <= bucket.capacity;
+        if let (true, Some(heat)) = (drained, compiled.heat.get()) {
+            heat.raise(compiled.hash(key), hot_at(lease).saturating_sub(1));
+        }
+    }
+
     /// The key's local bucket: the one in the map, else a new one when the key is hot (see [`hot_at`]), else
     /// `None`: the key is decided by one store call.
     fn local_bucket(
@@ -157,16 +175,7 @@ impl Engine {
         let local = compiled
             .leases
             .entry(key.to_owned())
-            .or_insert_with(|| {
-                Arc::new(LocalBucket::new(
-                    key,
-                    store_key,
-                    *bucket,
-                    *lease,
-                    self.fallback.processes(&compiled.rule.name),
-                    now,
-                ))
-            })
+            .or_insert_with(|| Arc::new(LocalBucket::new(key, store_key, *bucket, *lease, now)))
             .clone();
         Some(local)
     }
@@ -275,7 +284,8 @@ impl Engine {
         let plan = local.plan(fair_share, cost, sent);
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
-        let call = Call::take(&local.store_key, *bucket, plan.min, plan.max).with_timeout(self.store.timeouts.lease);
+        let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
+            .with_timeout(self.store.timeouts.lease);
         // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
         let modes = (compiled.fail_mode, &unleased(bucket));
         let result = match self.fallback.run(modes, &local.store_key, &call).await {
@@ -290,7 +300,7 @@ impl Engine {
             }
         };
         let now = clock.now_ns();
-        tracing::trace!(key = %local.store_key, share = local.share(), min = plan.min, max = plan.max, sent, now, ?result, "lease");
+        tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, "lease");
         let m = &compiled.metrics;
         match result {
             Ok(reply) if reply.granted > 0 => {
@@ -310,7 +320,7 @@ impl Engine {
             }
             Ok(reply) => {
                 m.lease_refused.increment(1);
-                local.refused_by_store(&reply, plan, from_protocol_ms(reply.retry_after_ms), now);
+                local.refused_by_store(&reply, now);
             }
             Err(error) => {
                 m.lease_error.increment(1);

@@ -59,6 +59,15 @@ impl Heat {
         u64::from(min) + 1
     }
 
+    /// Makes the key with this `hash` at least `count` hot at once (its cells raised to it): the store showed
+    /// that other processes spend its bucket, so it pays for a lease already.
+    pub(crate) fn raise(&self, hash: u64, count: u64) {
+        let count = u16::try_from(count).unwrap_or(u16::MAX);
+        for i in Self::cells(hash) {
+            self.counters[i].fetch_max(count, Ordering::Relaxed);
+        }
+    }
+
     /// Halves every counter once a period has passed (one caller does it; the others go on).
     fn age(&self, now_ns: u64) {
         let start = self.period_start_ns.load(Ordering::Relaxed);

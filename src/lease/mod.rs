@@ -9,4 +9,3 @@ pub(crate) mod engine;
 pub(crate) mod heat;
 pub(crate) mod nearby;
 pub(crate) mod shards;
-pub(crate) mod turns;

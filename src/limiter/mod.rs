@@ -199,8 +199,15 @@ impl Limiter {
                 // A hot key: decided from its leased tokens (and counted by its shards), or by the fail mode.
                 Some((decision, true)) => return Ok(compiled.shadowed(decision)),
                 Some((decision, false)) => decision,
-                // A cold one: one store call, as without a lease.
-                None => self.check_store(compiled, &unleased(bucket), key, cost).await,
+                // A cold one: one store call, as without a lease; hot at once if the fleet spends its bucket.
+                None => {
+                    let decision = self.check_store(compiled, &unleased(bucket), key, cost).await;
+                    if decision.source != Source::Fallback {
+                        let engine = &self.inner.engine;
+                        engine.heat_up(compiled, (bucket, lease), key, cost, decision.remaining);
+                    }
+                    decision
+                }
             },
             algorithm => self.check_store(compiled, algorithm, key, cost).await,
         };

@@ -15,6 +15,7 @@ pub(crate) use window_charge::ChargedWindow;
 
 mod fleet;
 mod members;
+mod token_bucket;
 mod window_charge;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
@@ -27,6 +28,14 @@ pub(crate) enum Op {
         min: u64,
         max: u64,
         ban_ms: u64,
+    },
+    /// `token_lease.lua`: take between `min` and `max` tokens, and the bucket's next turn (spaced by `batch`)
+    /// when the call leaves fewer than `min` behind (invariant 18).
+    TokenLease {
+        bucket: TokenBucket,
+        min: u64,
+        max: u64,
+        batch: u64,
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`.
     TokenReturn { bucket: TokenBucket, tokens: i64 },
@@ -143,57 +152,6 @@ impl Call {
             now_ms: None,
             timeout: None,
         }
-    }
-
-    /// `token_bucket.lua`: take between `min` and `max` tokens.
-    pub(crate) fn take(key: impl Into<String>, bucket: TokenBucket, min: u64, max: u64) -> Self {
-        Self::new(
-            key,
-            Op::TokenBucket {
-                bucket,
-                min,
-                max,
-                ban_ms: 0,
-            },
-        )
-    }
-
-    /// `token_bucket.lua` with its ban key: take `cost` tokens, ban for `ban_ms` after a refusal.
-    pub(crate) fn take_or_ban(key: impl Into<String>, bucket: TokenBucket, cost: u64, ban_ms: u64) -> Self {
-        Self::new(
-            key,
-            Op::TokenBucket {
-                bucket,
-                min: cost,
-                max: cost,
-                ban_ms,
-            },
-        )
-    }
-
-    /// `token_return.lua`: `tokens` back to the bucket, or a debit of `-tokens` when negative.
-    pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: i64) -> Self {
-        Self::new(key, Op::TokenReturn { bucket, tokens })
-    }
-
-    /// `token_return.lua` with a mark: a debit of `tokens` that is applied once, however often it is sent with the
-    /// same `id` (unique to the debit; it must not hold `}`). What a call sent again answers is what the first
-    /// charged, with the bucket as it is now.
-    pub(crate) fn debit(key: impl Into<String>, bucket: TokenBucket, tokens: u64, id: impl Into<String>) -> Self {
-        let id = id.into();
-        Self::new(key, Op::Debit { bucket, tokens, id })
-    }
-
-    /// `token_acquire.lua`: take `cost` now and pay later, when the wait fits in `max_wait_ms`.
-    pub(crate) fn acquire(key: impl Into<String>, bucket: TokenBucket, cost: u64, max_wait_ms: u64) -> Self {
-        Self::new(
-            key,
-            Op::TokenAcquire {
-                bucket,
-                cost,
-                max_wait_ms,
-            },
-        )
     }
 
     /// `sliding_log.lua`.
@@ -409,6 +367,7 @@ impl Call {
     pub(crate) fn script(&self) -> Script {
         match self.op {
             Op::TokenBucket { .. } => Script::TokenBucket,
+            Op::TokenLease { .. } => Script::TokenLease,
             Op::TokenReturn { .. } | Op::Debit { .. } => Script::TokenReturn,
             Op::TokenAcquire { .. } => Script::TokenAcquire,
             Op::SlidingLog { .. } => Script::SlidingLog,
@@ -454,6 +413,7 @@ impl Call {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
             Op::TokenReturn { .. }
+            | Op::TokenLease { .. }
             | Op::Debit { .. }
             | Op::TokenAcquire { .. }
             | Op::LeakyBucket { .. }
@@ -484,6 +444,16 @@ impl Call {
                 if *ban_ms > 0 {
                     v.push(int(*ban_ms));
                 }
+                v
+            }
+            Op::TokenLease {
+                bucket: b,
+                min,
+                max,
+                batch,
+            } => {
+                let mut v = bucket(b).to_vec();
+                v.extend([int(*min), int(*max), int(*batch)]);
                 v
             }
             Op::TokenReturn { bucket: b, tokens } => {

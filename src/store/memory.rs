@@ -9,7 +9,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use super::call::{Call, ChargedWindow, Op, DEBIT_MARK_MS};
-use super::{bad_args, BoxFuture, Store};
+use super::{bad_args, check_sub_buckets, check_window, BoxFuture, Store};
 use crate::algorithm::fleet::Roster;
 use crate::algorithm::window::{Log, SubBuckets};
 use crate::algorithm::{Ban, FixedWindow, Frame, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
@@ -22,8 +22,9 @@ use crate::rule::Calendar;
 /// of the same hash tag): one entry, one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    /// The bucket (`None` = full), its ban and the marks of the debits applied to it.
-    TokenBucket(Option<TokenBucketState>, Ban, Marks),
+    /// The bucket (`None` = full), its ban, the marks of the debits applied to it and the last turn handed out
+    /// (ms, 0 when none: `token_lease.lua`'s `turn` field, gone with the bucket when it is full).
+    TokenBucket(Option<TokenBucketState>, Ban, Marks, u64),
     SlidingLog(Log, Ban),
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
@@ -155,6 +156,7 @@ impl MemoryStore {
         self.purge(now);
         match &call.op {
             Op::TokenBucket { bucket, .. }
+            | Op::TokenLease { bucket, .. }
             | Op::TokenReturn { bucket, .. }
             | Op::Debit { bucket, .. }
             | Op::TokenAcquire { bucket, .. }
@@ -166,6 +168,17 @@ impl MemoryStore {
                 Err(bad_args(call, "need 1 <= min <= max, or min = max = 0 (a peek)"))
             }
             Op::TokenAcquire { cost: 0, .. } => Err(bad_args(call, "need 1 <= min <= max")),
+            Op::TokenLease { min, max, .. } if *min == 0 || max < min => Err(bad_args(call, "need 1 <= min <= max")),
+            Op::TokenLease {
+                bucket,
+                min,
+                max,
+                batch,
+            } => self.update_bucket_with(key, now, |old, _, _, turn| {
+                let (new, next, reply) = bucket.lease((old, *turn), (*min, *max, *batch), now);
+                *turn = next;
+                (new, reply)
+            }),
             Op::TokenBucket {
                 bucket,
                 min,
@@ -423,7 +436,7 @@ impl MemoryStore {
         now: u64,
         f: impl FnOnce(Option<TokenBucketState>, &mut Ban) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
-        self.update_bucket_with(key, now, |old, ban, _| f(old, ban))
+        self.update_bucket_with(key, now, |old, ban, _, _| f(old, ban))
     }
 
     /// As [`MemoryStore::update_bucket`], for a step that reads and writes the bucket's debit marks.
@@ -433,28 +446,35 @@ impl MemoryStore {
         now: u64,
         f: impl FnOnce(Option<TokenBucketState>, &mut Marks) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
-        self.update_bucket_with(key, now, |old, _, marks| f(old, marks))
+        self.update_bucket_with(key, now, |old, _, marks, _| f(old, marks))
     }
 
-    /// Applies a step to the key's bucket, ban and debit marks; the entry lives until the bucket is full, the
-    /// ban ends and the last mark is forgotten, whichever is latest (Redis's TTLs on the keys).
+    /// Applies a step to the key's bucket, ban, debit marks and turn; the entry lives until the bucket is full,
+    /// the ban ends and the last mark is forgotten, whichever is latest (Redis's TTLs on the keys). A full bucket
+    /// has no turn (Redis deletes the hash that holds it).
     fn update_bucket_with(
         &self,
         key: &str,
         now: u64,
-        f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks) -> (Option<TokenBucketState>, Reply),
+        f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks, &mut u64) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
         self.update_until(key, now, |state| {
-            let (old, mut ban, mut marks) = match state {
-                Some((State::TokenBucket(s, ban, marks), _)) => (s, ban, marks),
-                _ => (None, Ban::default(), Marks::new()),
+            let (old, mut ban, mut marks, mut turn) = match state {
+                Some((State::TokenBucket(s, ban, marks, turn), _)) => (s, ban, marks, turn),
+                _ => (None, Ban::default(), Marks::new(), 0),
             };
-            let (new, reply) = f(old, &mut ban, &mut marks);
+            let (new, reply) = f(old, &mut ban, &mut marks, &mut turn);
+            if new.is_none() {
+                turn = 0;
+            }
             let full_at = new.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
             let marked = marks.iter().map(|(_, _, until)| *until).max().unwrap_or(0);
             let until = full_at.max(ban.until_ms).max(marked);
             let keep = until > now;
-            (keep.then_some((State::TokenBucket(new, ban, marks), until)), reply)
+            (
+                keep.then_some((State::TokenBucket(new, ban, marks, turn), until)),
+                reply,
+            )
         })
     }
 
@@ -500,7 +520,7 @@ impl MemoryStore {
         now: u64,
         f: impl FnOnce(Option<(State, u64)>) -> (Option<(State, u64)>, Reply),
     ) -> Result<Reply, StoreError> {
-        let placeholder = || State::TokenBucket(None, Ban::default(), Marks::new());
+        let placeholder = || State::TokenBucket(None, Ban::default(), Marks::new(), 0);
         Ok(match self.map.entry(key.to_owned()) {
             dashmap::Entry::Occupied(mut e) => {
                 let old = std::mem::replace(&mut e.get_mut().state, placeholder());
@@ -538,22 +558,6 @@ impl MemoryStore {
             self.map.retain(|_, e| e.expires_at_ms > now);
         }
     }
-}
-
-/// Window and limit are at least 1, as the window scripts require (cost 0 is a peek).
-fn check_window(call: &Call, window_ms: u64, limit: u64) -> Result<(), StoreError> {
-    if window_ms == 0 || limit == 0 {
-        return Err(bad_args(call, "window_ms and limit must be at least 1"));
-    }
-    Ok(())
-}
-
-/// Sub-buckets divide the window, as `sliding_window.lua` requires.
-fn check_sub_buckets(call: &Call, window_ms: u64, sub_buckets: u64) -> Result<(), StoreError> {
-    if sub_buckets == 0 || window_ms < sub_buckets || !window_ms.is_multiple_of(sub_buckets) {
-        return Err(bad_args(call, "sub_buckets must divide window_ms"));
-    }
-    Ok(())
 }
 
 impl Store for MemoryStore {

@@ -81,3 +81,19 @@ pub(crate) fn bad_args(call: &Call, why: &str) -> StoreError {
         source: None,
     }
 }
+
+/// Window and limit are at least 1, as the window scripts require (cost 0 is a peek).
+pub(crate) fn check_window(call: &Call, window_ms: u64, limit: u64) -> Result<(), StoreError> {
+    if window_ms == 0 || limit == 0 {
+        return Err(bad_args(call, "window_ms and limit must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Sub-buckets divide the window, as `sliding_window.lua` requires.
+pub(crate) fn check_sub_buckets(call: &Call, window_ms: u64, sub_buckets: u64) -> Result<(), StoreError> {
+    if sub_buckets == 0 || window_ms < sub_buckets || !window_ms.is_multiple_of(sub_buckets) {
+        return Err(bad_args(call, "sub_buckets must divide window_ms"));
+    }
+    Ok(())
+}

@@ -16,11 +16,12 @@ pub(crate) enum Script {
     Reset,
     WindowCharge,
     Fleet,
+    TokenLease,
 }
 
 impl Script {
     /// Every script, in declaration order (the index of its hash and of its metric handles).
-    pub(crate) const ALL: [Script; 12] = [
+    pub(crate) const ALL: [Script; 13] = [
         Self::TokenBucket,
         Self::TokenReturn,
         Self::SlidingLog,
@@ -33,6 +34,7 @@ impl Script {
         Self::Reset,
         Self::WindowCharge,
         Self::Fleet,
+        Self::TokenLease,
     ];
 
     /// The script's name: its file name without `.lua`, and the `script` metric label.
@@ -50,6 +52,7 @@ impl Script {
             Self::Reset => "reset",
             Self::WindowCharge => "window_charge",
             Self::Fleet => "fleet",
+            Self::TokenLease => "token_lease",
         }
     }
 
@@ -68,6 +71,7 @@ impl Script {
             Self::Reset => include_str!("../../lua/reset.lua"),
             Self::WindowCharge => include_str!("../../lua/window_charge.lua"),
             Self::Fleet => include_str!("../../lua/fleet.lua"),
+            Self::TokenLease => include_str!("../../lua/token_lease.lua"),
         }
     }
 }

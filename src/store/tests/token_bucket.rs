@@ -20,6 +20,11 @@ fn take_banned(key: &str, params: (u64, u64, u64), cost: u64, ban_ms: u64, now: 
     Call::take_or_ban(key, bucket(params), cost, ban_ms).at(now)
 }
 
+/// token_lease.lua: ARGV capacity, rate, per_ms, min, max, batch, now_ms.
+fn lease(key: &str, params: (u64, u64, u64), (min, max, batch): (u64, u64, u64), now: u64) -> Call {
+    Call::lease(key, bucket(params), (min, max), batch).at(now)
+}
+
 fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
 }
@@ -38,6 +43,7 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
     let k = |name: &str| format!("{p}:{{t:{name}}}");
     let nine_per_minute = (9, 9, 60_000);
     let ten_per_10s = (10, 1, 1_000);
+    let thousand_per_s = (100, 1_000, 1_000);
     vec![
         (
             "a token due at a millisecond is granted at it: 9 per minute gives 3 at exactly 20 s",
@@ -232,6 +238,28 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
                     take(&k("i"), (1_000_000, 1_000_000, 2_592_000_000), 2, 2, 2_592),
                     r(2, 0, 0, 2_592_000_000),
                 ),
+            ],
+        ),
+        (
+            "a lease that leaves fewer than min behind is handed the next turn, 0.6 batch of refill apart",
+            vec![
+                (lease(&k("turn"), thousand_per_s, (1, 50, 50), 0), r(50, 50, 0, 50)),
+                (lease(&k("turn"), thousand_per_s, (1, 60, 50), 0), r(50, 0, 30, 100)),
+                (lease(&k("turn"), thousand_per_s, (1, 60, 50), 10), r(10, 0, 50, 100)),
+                // A refusal: its turn (at 90 ms), later than the 5 ms that 5 tokens take.
+                (lease(&k("turn"), thousand_per_s, (5, 60, 50), 10), r(0, 0, 80, 100)),
+                // A plain take beside the turns takes no turn.
+                (take(&k("turn"), thousand_per_s, 1, 1, 11), r(1, 0, 0, 100)),
+                // Filled by a give-back, the bucket is deleted with its turn: the next turn counts from now.
+                (give(&k("turn"), thousand_per_s, 100, 11), r(100, 100, 0, 0)),
+                (lease(&k("turn"), thousand_per_s, (1, 200, 50), 11), r(100, 0, 30, 100)),
+            ],
+        ),
+        (
+            "a stock hands out no turn: what it has left is never refilled",
+            vec![
+                (lease(&k("turn-stock"), (5, 0, 1_000), (1, 5, 5), 0), r(5, 0, 0, -1)),
+                (lease(&k("turn-stock"), (5, 0, 1_000), (1, 5, 5), 0), r(0, 0, -1, -1)),
             ],
         ),
     ]
@@ -459,6 +487,11 @@ async fn bad_arguments_are_errors_on_both_stores() {
         ] {
             let call = take("tl:{bad}", params, min, max, 0);
             assert!(store.run(&call).await.is_err(), "{params:?} {min} {max} on {name}");
+            let call = lease("tl:{bad}", params, (min, max, 1), 0);
+            assert!(
+                store.run(&call).await.is_err(),
+                "lease {params:?} {min} {max} on {name}"
+            );
         }
     }
 }

@@ -1,0 +1,138 @@
+-- token_lease.lua — lease tokens from a token bucket, taking turns when it is saturated (invariant 18).
+--
+-- KEYS[1]  the bucket: the hash of token_bucket.lua (level, ts, per, capacity, rate), plus
+--          turn = ms of the last turn handed out (absent: none)
+-- ARGV[1]  capacity   tokens, integer ≥ 1 (the burst)
+-- ARGV[2]  rate       tokens added per `per_ms`, integer ≥ 0 (0: a stock that never refills)
+-- ARGV[3]  per_ms     integer ≥ 1
+-- ARGV[4]  min        tokens, integer ≥ 1: grant nothing unless at least this many are there
+-- ARGV[5]  max        tokens, integer ≥ min: grant at most this many
+-- ARGV[6]  batch      tokens, integer ≥ 0: what the caller's leases are sized for, which spaces the turns (0: no turn)
+-- ARGV[7]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
+--
+-- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
+--   granted         tokens granted: 0, or between min and max
+--   remaining       whole tokens left after this call
+--   retry_after_ms  0 when at least `min` tokens are left; else ms until the caller's turn (at least until `min` tokens
+--                   are there on a refusal); -1 when never (min > capacity, or rate 0)
+--   reset_after_ms  ms until the bucket is full again; -1 when never (rate 0)
+--
+-- It takes as token_bucket.lua does (the same bucket, refill, reloads and expiry). A call that leaves fewer than
+-- `min` tokens behind (the same call again would be refused) is handed the bucket's next turn:
+-- turn = max(turn, now) + spacing, spacing = ceil(3 × ceil(batch × per_ms / rate) / 5) ms (three fifths of the
+-- refill of a batch, at least 1; batch capped at capacity), and retry_after_ms is the wait for it. So the processes
+-- of a saturated key call one after another, a turn's refill apart, however many they are. The turn lives in the
+-- bucket's hash: a full bucket (deleted) has none. Mirrors TokenBucket::lease in src/algorithm/token_bucket.rs,
+-- which gives the same replies and stores the same state.
+
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+local function gcd(a, b) -- greatest common divisor of integers ≥ 1
+  while b > 0 do a, b = b, a - idiv(a, b) * b end
+  return a
+end
+-- `level` in 1/`from` token as 1/`to` token, rounded down: with g = gcd(from, to), o = from / g, p = to / g
+-- and level = q·o + r, it is q·p + floor(r·p / o), exact; where o·p reaches 2^53 the second term (under a token)
+-- is dropped.
+local function rescale(level, from, to)
+  if from == to then return level end
+  local g = gcd(from, to)
+  local o, p = idiv(from, g), idiv(to, g)
+  local q = idiv(level, o)
+  if o * p < 9007199254740992 then return q * p + idiv((level - q * o) * p, o) end
+  return q * p
+end
+-- The bucket at `now` in this call's parameters (invariant 11): nil when missing (full); else the stored level
+-- refilled since ts at the parameters it was computed with, capped at that capacity, then rescaled to this per and
+-- capped at this capacity. A key written before capacity and rate were recorded reads them as this call's. The third
+-- value says whether it was computed with this call's parameters (a call that changes nothing then writes nothing).
+local function load_bucket(key, capacity, rate, per, now)
+  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate')
+  local level, ts = tonumber(s[1]), tonumber(s[2])
+  if level == nil or ts == nil then return nil, now, true end
+  local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
+  local was_rate = tonumber(s[5]) or rate
+  if was_per < 1 then was_per = per end
+  if now > ts then
+    level = level + (now - ts) * was_rate
+    ts = now
+  end
+  if level > was_capacity * was_per then level = was_capacity * was_per end
+  level = rescale(level, was_per, per)
+  if level > capacity * per then level = capacity * per end
+  return level, ts, was_per == per and was_capacity == capacity and was_rate == rate
+end
+-- Stores the bucket with the parameters it is computed with. A full bucket is deleted (it equals a missing key); any
+-- other expires when it would be full again, never at rate 0 (expiring would refill a stock).
+local function save_bucket(key, level, ts, capacity, rate, per)
+  local full = capacity * per
+  if level >= full then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity),
+    'rate', int(rate))
+  if rate == 0 then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, int(cdiv(full - level, rate))) end
+end
+
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local per = tonumber(ARGV[3])
+local min = tonumber(ARGV[4])
+local max = tonumber(ARGV[5])
+local batch = tonumber(ARGV[6])
+if not (capacity and rate and per and min and max and batch) or capacity < 1 or rate < 0 or per < 1 or min < 1
+    or max < min or batch < 0 then
+  return redis.error_reply('ERR token_lease: bad arguments (capacity, rate, per_ms, min, max, batch)')
+end
+local now_arg = 7
+local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+end
+
+local full = capacity * per
+local level, ts, same = load_bucket(KEYS[1], capacity, rate, per, now)
+if level == nil then level = full end
+
+local function reset_after_of(l)
+  if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
+end
+local function whole(l) if l < 0 then return 0 end return idiv(l, per) end -- remaining: 0 in debt
+
+local granted, retry_after = 0, 0
+local tokens = idiv(level, per)
+if min > capacity then
+  retry_after = -1
+elseif tokens >= min then
+  granted = tokens
+  if granted > max then granted = max end
+  level = level - granted * per
+elseif rate == 0 then
+  retry_after = -1
+else
+  retry_after = cdiv(min * per - level, rate)
+end
+
+-- The caller drained the bucket (the same call again would be refused): it is handed the next turn.
+local turn = nil
+if rate > 0 and batch > 0 and retry_after ~= -1 and whole(level) < min then
+  local b = batch
+  if b > capacity then b = capacity end
+  turn = tonumber(redis.call('HGET', KEYS[1], 'turn') or '0') or 0
+  if turn < now then turn = now end
+  local spacing = cdiv(3 * cdiv(b * per, rate), 5)
+  if spacing < 1 then spacing = 1 end
+  turn = turn + spacing
+  if turn - now > retry_after then retry_after = turn - now end
+end
+
+if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+if turn and level < full then redis.call('HSET', KEYS[1], 'turn', int(turn)) end
+return { granted, whole(level), retry_after, reset_after_of(level) }

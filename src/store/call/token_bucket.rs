@@ -1,0 +1,73 @@
+//! The token bucket's calls: takes, leases, give-backs, debits and pay-later acquires (`token_bucket.lua`,
+//! `token_lease.lua`, `token_return.lua`, `token_acquire.lua`).
+
+use super::{Call, Op};
+use crate::algorithm::TokenBucket;
+
+impl Call {
+    /// `token_bucket.lua`: take between `min` and `max` tokens (the limiter leases with [`Call::lease`]).
+    #[cfg(test)]
+    pub(crate) fn take(key: impl Into<String>, bucket: TokenBucket, min: u64, max: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenBucket {
+                bucket,
+                min,
+                max,
+                ban_ms: 0,
+            },
+        )
+    }
+
+    /// `token_bucket.lua` with its ban key: take `cost` tokens, ban for `ban_ms` after a refusal.
+    pub(crate) fn take_or_ban(key: impl Into<String>, bucket: TokenBucket, cost: u64, ban_ms: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenBucket {
+                bucket,
+                min: cost,
+                max: cost,
+                ban_ms,
+            },
+        )
+    }
+
+    /// `token_lease.lua`: a lease of between `min` and `max` tokens sized for `batch`, handed the bucket's next
+    /// turn (`batch` spaces them) when it leaves fewer than `min` tokens behind.
+    pub(crate) fn lease(key: impl Into<String>, bucket: TokenBucket, (min, max): (u64, u64), batch: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenLease {
+                bucket,
+                min,
+                max,
+                batch,
+            },
+        )
+    }
+
+    /// `token_return.lua`: `tokens` back to the bucket, or a debit of `-tokens` when negative.
+    pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: i64) -> Self {
+        Self::new(key, Op::TokenReturn { bucket, tokens })
+    }
+
+    /// `token_return.lua` with a mark: a debit of `tokens` that is applied once, however often it is sent with the
+    /// same `id` (unique to the debit; it must not hold `}`). What a call sent again answers is what the first
+    /// charged, with the bucket as it is now.
+    pub(crate) fn debit(key: impl Into<String>, bucket: TokenBucket, tokens: u64, id: impl Into<String>) -> Self {
+        let id = id.into();
+        Self::new(key, Op::Debit { bucket, tokens, id })
+    }
+
+    /// `token_acquire.lua`: take `cost` now and pay later, when the wait fits in `max_wait_ms`.
+    pub(crate) fn acquire(key: impl Into<String>, bucket: TokenBucket, cost: u64, max_wait_ms: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenAcquire {
+                bucket,
+                cost,
+                max_wait_ms,
+            },
+        )
+    }
+}
