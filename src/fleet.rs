@@ -211,7 +211,9 @@ impl Fleet {
             back: beaten != u64::MAX && beaten != failures,
             settled,
         };
-        let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat);
+        // A beat answered late is still a beat: it waits as a debit does, so a process behind a slow link is
+        // counted, and its beats close the breaker for the debits and leases behind them.
+        let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(self.store.timeouts.debit);
         self.beats.fetch_add(1, Ordering::Relaxed);
         let reply = self.store.run(&call).await?;
         let count = Count::from_reply(&reply);

@@ -295,19 +295,24 @@ impl Fallback {
             return Ok(());
         };
         let (this, key, bucket) = (self.clone(), store_key.to_owned(), *bucket);
-        let charge = async move { this.charge(&key, bucket, &debit, false).await };
-        match self.background.spawn(charge).await {
-            Ok(Ok(())) => {
+        let hold = self.store.timeouts.recovery_spread();
+        let charge = async move {
+            let charged = this.charge(&key, bucket, &debit, false).await;
+            if charged.is_ok() {
                 // Charged: hold the key while the other processes come back and charge theirs.
-                let hold = self.store.timeouts.recovery_spread();
-                let until = self
-                    .now_ms()
-                    .saturating_add(u64::try_from(hold.as_millis()).unwrap_or(u64::MAX));
-                self.buckets.hold(store_key, until);
-                Err(Unsettled::Held(hold))
+                let until = (this.now_ms()).saturating_add(u64::try_from(hold.as_millis()).unwrap_or(u64::MAX));
+                this.buckets.hold(&key, until);
             }
-            Ok(Err(error)) => Err(Unsettled::Failed(error)),
-            Err(_) => Err(Unsettled::Failed(StoreError::timeout("token_return", Duration::ZERO))),
+            charged
+        };
+        let charging = self.background.spawn(charge);
+        match tokio::time::timeout(self.store.timeouts.lease, charging).await {
+            Ok(Ok(Ok(()))) => Err(Unsettled::Held(hold)),
+            Ok(Ok(Err(error))) => Err(Unsettled::Failed(error)),
+            Ok(Err(_)) => Err(Unsettled::Failed(StoreError::timeout("token_return", Duration::ZERO))),
+            // Slower than a lease (a slow link): the charge goes on, and the key's callers are refused briefly
+            // meanwhile, as while any charge of it is in flight.
+            Err(_) => Err(Unsettled::Busy),
         }
     }
 
@@ -323,8 +328,8 @@ impl Fallback {
         debit: &Debit,
         past_breaker: bool,
     ) -> Result<(), StoreError> {
-        // As a lease: the longer timeout, since a debit that timed out is sent again.
-        let call = Call::debit(store_key, bucket, debit.tokens, &debit.id).with_timeout(self.store.timeouts.lease);
+        // Longer than a lease: a debit is applied once however often it is sent, so it may wait for a slow link.
+        let call = Call::debit(store_key, bucket, debit.tokens, &debit.id).with_timeout(self.store.timeouts.debit);
         let result = if past_breaker {
             self.store.run_past_breaker(&call).await
         } else {

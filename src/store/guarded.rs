@@ -28,6 +28,10 @@ pub(crate) struct Timeouts {
     /// The timeout of a lease or a debit call itself: ten call timeouts, at least 100 ms. Longer than callers
     /// wait, since a lease that timed out after Redis granted it would strand its tokens.
     pub lease: Duration,
+    /// The timeout of a debit (what `fail_mode = "local"` admitted alone, charged): two lease timeouts. A debit is
+    /// applied once however often it is sent, so it may wait for a slow link (a round trip of up to a second at a
+    /// 50 ms call timeout) where a lease would time out: a process that slow still pays what it sold.
+    pub debit: Duration,
     /// After a failed store call, a key is decided by `fail_mode` this long before the store is asked again.
     pub backoff: Duration,
 }
@@ -50,6 +54,7 @@ impl Timeouts {
             call,
             lease_wait: call.saturating_mul(2).saturating_add(Duration::from_millis(5)),
             lease: call.saturating_mul(10).max(Duration::from_millis(100)),
+            debit: call.saturating_mul(20).max(Duration::from_millis(200)),
             backoff: Duration::from_millis(100).max(call),
         }
     }

@@ -179,10 +179,13 @@ impl RedisStore {
 
     fn single(runtime: &tokio::runtime::Handle, target: Target, timeout: Duration) -> Self {
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
-            // The connection's own limit only backs up the per-call timeouts below; it must not cut a lease
-            // short (a lease timed out after Redis granted it strands its tokens), so it is the longest.
-            .set_response_timeout(Some(timeout.saturating_mul(10).max(Duration::from_millis(100))))
+            // Connecting sends a few commands (the handshake) and waits for their replies: over a slow link that
+            // is several round trips, so an attempt may take as long as a connection task gives it.
+            .set_connection_timeout(Some(attempt(timeout)))
+            // The connection's own limit only backs up the per-call timeouts below; it must not cut a lease or a
+            // debit short (a lease timed out after Redis granted it strands its tokens; a debit, the longest at
+            // twenty call timeouts, waits for a slow link), so it is the longest.
+            .set_response_timeout(Some(timeout.saturating_mul(20).max(Duration::from_millis(200))))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let eviction = Arc::new(EvictionWatch::default());
@@ -209,9 +212,9 @@ impl RedisStore {
             builder = builder.certs(certs.clone());
         }
         let client = builder
-            .connection_timeout(timeout.max(Duration::from_millis(100)))
+            .connection_timeout(attempt(timeout))
             // As for one server: the longest a lease may wait; calls have their own, shorter, timeouts.
-            .response_timeout(timeout.saturating_mul(10).max(Duration::from_millis(100)))
+            .response_timeout(timeout.saturating_mul(20).max(Duration::from_millis(200)))
             .retries(3)
             .max_retry_wait(100)
             .tcp_settings(tcp_settings())
