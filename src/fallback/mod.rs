@@ -300,7 +300,9 @@ impl Fallback {
             let charged = this.charge(&key, bucket, &debit, false).await;
             if charged.is_ok() {
                 // Charged: hold the key while the other processes come back and charge theirs.
-                let until = (this.now_ms()).saturating_add(u64::try_from(hold.as_millis()).unwrap_or(u64::MAX));
+                let until = this
+                    .now_ms()
+                    .saturating_add(u64::try_from(hold.as_millis()).unwrap_or(u64::MAX));
                 this.buckets.hold(&key, until);
             }
             charged

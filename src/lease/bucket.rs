@@ -2,8 +2,8 @@
 //!
 //! A [`LocalBucket`] is what the hot path touches: the leased tokens in per-core shards (`shards.rs`), taken
 //! with one compare-and-swap on the thread's own shard, a deadline, and a cached "exhausted until". Everything
-//! slower (the book of leases and their deadlines, the adaptive batch size, the turn the shared bucket handed out on a saturated shared
-//! bucket) sits behind a mutex that only the lease, expiry and sweep paths take.
+//! slower (the book of leases and their deadlines, the adaptive batch size, the turn a saturated shared bucket
+//! handed out) sits behind a mutex that only the lease, expiry and sweep paths take.
 //!
 //! Invariant 1 (docs/ARCHITECTURE.md, "Invariants") rests on the deadlines: a token is spent at most `ttl` after the lease that
 //! brought it was *sent*, so over any span W the process admits at most what Redis granted over W + ttl.
@@ -41,7 +41,8 @@ struct Book {
     batches: VecDeque<Batch>,
     /// The adaptive batch size, in tokens.
     batch: u64,
-    /// The shared bucket handed this process a turn at its last lease (it is saturated: `token_lease.lua`).
+    /// The shared bucket is saturated: the last lease was handed a turn (`token_lease.lua`) or left less than a
+    /// batch behind.
     saturated: bool,
     /// When the last lease was sent, and the decisions counted by then.
     last_lease_ns: u64,
@@ -293,25 +294,20 @@ impl LocalBucket {
         // Saturated: the calls are spaced by the bucket's turns, and each takes what accumulated, however little
         // (a refusal would cost the same call and admit nothing), up to two batches (within what the demand
         // spends in the TTL), so that a turn that comes late loses little.
-        if book.saturated {
-            let max = batch
+        let max = if book.saturated {
+            batch
                 .saturating_mul(2)
                 .min(self.bucket.capacity)
                 .min(spendable)
-                .max(batch);
-            LeasePlan {
-                min: cost,
-                max,
-                batch,
-                turn: turn.max(batch),
-            }
+                .max(batch)
         } else {
-            LeasePlan {
-                min: cost,
-                max: batch,
-                batch,
-                turn: turn.max(batch),
-            }
+            batch
+        };
+        LeasePlan {
+            min: cost,
+            max,
+            batch,
+            turn: turn.max(batch),
         }
     }
 

@@ -98,6 +98,17 @@ mod tests {
     }
 
     #[test]
+    fn a_raised_key_is_as_hot_at_once_and_its_neighbours_are_not() {
+        let heat = Heat::new(1_000, 0);
+        heat.raise(7, 2);
+        assert_eq!(heat.observe(7, 1), 3, "two raised, one observed");
+        assert_eq!(heat.observe(8, 1), 1, "another key is not raised");
+        // Raising never lowers.
+        heat.raise(7, 1);
+        assert_eq!(heat.observe(7, 2), 4);
+    }
+
+    #[test]
     fn a_key_heats_with_its_decisions_and_cools_by_half_each_period() {
         let heat = Heat::new(100, 0);
         let hot = hash("sku:1");
