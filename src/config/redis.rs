@@ -49,8 +49,9 @@ pub struct RedisConfig {
     /// What to do when Redis fails: `open`, `closed` or `local`.
     #[serde(default)]
     pub fail_mode: FailMode,
-    /// How many processes share the limits: a lease never takes more than `capacity / expected_processes`,
-    /// and `fail_mode = "local"` enforces that share in each process.
+    /// How many processes share the limits until a rule's roster in Redis first answers (invariant 17): from
+    /// then on every share of the rule (a lease's fair share of the burst, the `fail_mode = "local"` share)
+    /// divides by the live count the processes' beats keep there, whatever this says.
     #[serde(default = "default_expected_processes")]
     pub expected_processes: u32,
 }

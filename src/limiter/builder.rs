@@ -75,8 +75,9 @@ impl LimiterBuilder {
         self
     }
 
-    /// Processes sharing the limits (default 4): caps lease batches at `capacity / n` and sets each process's
-    /// local share under `fail_mode = "local"`.
+    /// Processes assumed to share the limits (default 4) until a rule's roster in the store first answers:
+    /// from then on the shares (lease batches capped at `capacity / n`, the local share under
+    /// `fail_mode = "local"`) divide by the live count of processes kept there ([`Limiter::processes`]).
     pub fn expected_processes(mut self, n: u32) -> Self {
         self.expected_processes = Some(n);
         self
