@@ -212,10 +212,12 @@ impl Fleet {
             settled,
         };
         // A beat answered late is still a beat: it waits as a debit does, so a process behind a slow link is
-        // counted, and its beats close the breaker for the debits and leases behind them.
+        // counted. It goes past the circuit breaker (one beat per rule at a time, from one task): a beat that
+        // reaches the store closes the breaker for the debits and leases behind it, and a beat never holds the
+        // breaker's one probe for its long timeout, which would keep the callers' calls from the store that long.
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(self.store.timeouts.debit);
         self.beats.fetch_add(1, Ordering::Relaxed);
-        let reply = self.store.run(&call).await?;
+        let reply = self.store.run_past_breaker(&call).await?;
         let count = Count::from_reply(&reply);
         let now = self.now_ms();
         seen.processes.store(count.processes, Ordering::Release);
