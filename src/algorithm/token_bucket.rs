@@ -205,11 +205,13 @@ impl TokenBucket {
 
     /// A lease of between `min` and `max` tokens that takes its turn on a saturated bucket (invariant 18;
     /// mirrors `lua/token_lease.lua`): [`TokenBucket::take`], and when the call leaves fewer than `min` tokens
-    /// behind (the same call again would be refused) the caller is handed the bucket's next *turn*: `turn_ms` (the last turn handed out, 0 when none) moves to `max(turn_ms, now_ms)` plus
+    /// behind (the same call again would be refused) the caller is handed the bucket's next *turn*: `turn_ms`
+    /// (the last turn handed out, 0 when none) moves to `max(turn_ms, now_ms)` plus
     /// [`TokenBucket::turn_spacing`] of `batch`, and the reply's `retry_after_ms` is the wait for it (at least
     /// the wait for `min` tokens on a refusal). So the processes of a saturated key call one after another,
     /// a turn's refill apart, whatever their number, and none bunch. Returns the state, the last turn handed
-    /// out (0 when the bucket is full: a missing key has none) and the reply.
+    /// out and the reply. A lease never leaves the bucket full, so it never has to drop the turn; a store drops
+    /// it with a bucket that another call filled (Redis deletes the hash that holds it).
     pub(crate) fn lease(
         &self,
         (state, turn_ms): (Option<TokenBucketState>, u64),
@@ -221,9 +223,6 @@ impl TokenBucket {
         if self.rate > 0 && batch > 0 && reply.retry_after_ms != NEVER && reply.remaining < min {
             turn = turn.max(now_ms).saturating_add(self.turn_spacing(batch));
             reply.retry_after_ms = reply.retry_after_ms.max(ms(turn - now_ms));
-        }
-        if new.is_none() {
-            turn = 0;
         }
         (new, turn, reply)
     }

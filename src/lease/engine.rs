@@ -276,7 +276,7 @@ impl Engine {
         let _finish = Finish(local);
         let (bucket, lease) = (&local.bucket, &local.lease);
         let clock = &self.clock;
-        // The fleet's count divides the fair share and the turns (invariant 17): a rule's first lease waits for it.
+        // The fleet's count divides the fair share (invariant 17): a rule's first lease waits for it.
         self.fallback.fleet.join(&compiled.rule.name).await;
         let sent = clock.now_ns();
         // At most this process's share of the burst at once, so the others get theirs.
