@@ -8,7 +8,7 @@
 //! its own (`limiter/lifecycle.rs`). Until a rule's first beat is answered, its shares divide by the configured
 //! `expected_processes`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use tokio::sync::OnceCell;
 use crate::algorithm::fleet::{Beat, Count};
 use crate::clock::Clock;
 use crate::error::StoreError;
+use crate::rule::Algorithm;
 use crate::store::call::{roster_key, Call};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
@@ -53,6 +54,11 @@ pub(crate) struct Seen {
     /// The store's failure count when the last beat was answered: when it moved since, this process comes back
     /// from an outage. `u64::MAX` before the first answer.
     beaten_at_failures: AtomicU64,
+    /// When the last beat was answered, in ms of the limiter's clock (0 before the first).
+    answered_at_ms: AtomicU64,
+    /// The longest refill from empty of the rule's keys seen so far (ms), which a hold's presumed terms use;
+    /// -1 while none presumes ([`refill_ms`]).
+    refill_ms: AtomicI64,
     /// The first beat, which the rule's first store call waits for.
     joined: OnceCell<()>,
     gauge: metrics::Gauge,
@@ -129,10 +135,15 @@ impl Fleet {
         (until > now).then(|| until - now)
     }
 
-    /// Joins `rule`'s fleet: the first call waits for the rule's first beat (one store call, once; a failed one
+    /// Joins `rule`'s fleet, whose key is now decided by `algorithm` (its refill goes into the hold's presumed
+    /// terms, [`refill_ms`]): the first call waits for the rule's first beat (one store call, once; a failed one
     /// is not retried here, the beats go on in the background).
-    pub(crate) async fn join(&self, rule: &str) {
+    pub(crate) async fn join(&self, rule: &str, algorithm: &Algorithm) {
         let seen = self.seen(rule);
+        if let Some(ms) = refill_ms(algorithm) {
+            seen.refill_ms
+                .fetch_max(i64::try_from(ms).unwrap_or(i64::MAX), Ordering::AcqRel);
+        }
         seen.joined
             .get_or_init(|| async {
                 // A process that just started owes nothing.
@@ -151,6 +162,8 @@ impl Fleet {
                 processes: AtomicU64::new(0),
                 held_until_ms: AtomicU64::new(0),
                 beaten_at_failures: AtomicU64::new(u64::MAX),
+                answered_at_ms: AtomicU64::new(0),
+                refill_ms: AtomicI64::new(-1),
                 joined: OnceCell::new(),
                 gauge: telemetry::fleet_processes(rule),
             })
@@ -173,10 +186,9 @@ impl Fleet {
     }
 
     /// Whether this process comes back to `seen`'s rule from an outage: its store calls failed since the rule's
-    /// last answered beat.
+    /// last answered beat, or, never answered, since it started.
     pub(crate) fn is_back(&self, seen: &Seen) -> bool {
-        let at = seen.beaten_at_failures.load(Ordering::Acquire);
-        at != u64::MAX && at != self.store.failures()
+        is_back(seen.beaten_at_failures.load(Ordering::Acquire), self.store.failures())
     }
 
     /// Whether the next beat should come soon: cut off, back, or held.
@@ -186,12 +198,28 @@ impl Fleet {
             || seen.held_until_ms.load(Ordering::Acquire) > self.now_ms()
     }
 
-    /// How long a hold lasts at most: two of the store's recovery spreads (the breaker's open period and a
+    /// How long a hold waits for the reports: two of the store's recovery spreads (the breaker's open period and a
     /// back-off: how far apart processes notice the store is back) and a lease timeout (a charge), at least
     /// [`MIN_HOLD`].
     fn hold(&self) -> Duration {
         let timeouts = self.store.timeouts;
         (timeouts.recovery_spread().saturating_mul(2) + timeouts.lease).max(MIN_HOLD)
+    }
+
+    /// This member's beat with the roster's timings: not back, settled, presuming nothing, staying.
+    fn quiet_beat(&self) -> Beat {
+        Beat {
+            member: self.member.clone(),
+            live_ms: millis(LIVE),
+            silent_ms: millis(SILENT),
+            keep_ms: millis(KEEP),
+            hold_ms: millis(self.hold()),
+            back: false,
+            settled: true,
+            refill_ms: None,
+            cut_ms: 0,
+            leave: false,
+        }
     }
 
     /// Beats for `seen`'s rule: `settled` says this process owes nothing of it. The answer updates the count and
@@ -202,15 +230,49 @@ impl Fleet {
     pub(crate) async fn beat(&self, seen: &Seen, settled: bool) -> Result<Count, StoreError> {
         let failures = self.store.failures();
         let beaten = seen.beaten_at_failures.load(Ordering::Acquire);
+        let back = is_back(beaten, failures);
+        let answered_at = seen.answered_at_ms.load(Ordering::Acquire);
         let beat = Beat {
-            member: self.member.clone(),
-            live_ms: millis(LIVE),
-            silent_ms: millis(SILENT),
-            keep_ms: millis(KEEP),
-            hold_ms: millis(self.hold()),
-            back: beaten != u64::MAX && beaten != failures,
+            back,
             settled,
+            refill_ms: u64::try_from(seen.refill_ms.load(Ordering::Acquire)).ok(),
+            cut_ms: if back && answered_at > 0 {
+                self.now_ms().saturating_sub(answered_at)
+            } else {
+                0
+            },
+            ..self.quiet_beat()
         };
+        // Back and still owing: the next beat is back too, until it reports settled.
+        self.send(seen, beat, settled || (beaten == u64::MAX && !back), failures)
+            .await
+    }
+
+    /// Leaves every rule's fleet that `owes` says owes nothing (at shutdown, once everything owed is charged): the
+    /// rosters stop counting this process at once, and no hold waits for it or presumes it sold alone. A rule that
+    /// still owes stays, so the next hold presumes its debt. Past the circuit breaker, each beat within `patience`.
+    pub(crate) async fn leave(&self, owes: impl Fn(&str) -> bool, patience: Duration) {
+        let leaving = async {
+            for seen in self.joined() {
+                if owes(seen.rule()) || seen.answered_at_ms.load(Ordering::Acquire) == 0 {
+                    continue;
+                }
+                let beat = Beat {
+                    leave: true,
+                    ..self.quiet_beat()
+                };
+                let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(patience);
+                if let Err(error) = self.store.run_past_breaker(&call).await {
+                    tracing::debug!(rule = %seen.rule, %error, "could not leave the fleet; it forgets this process later");
+                }
+            }
+        };
+        let _ = tokio::time::timeout(patience, leaving).await;
+    }
+
+    /// Sends `beat` for `seen`'s rule; `answered` says the answer marks the failures so far as seen (the beat
+    /// was settled, or the first).
+    async fn send(&self, seen: &Seen, beat: Beat, answered: bool, failures: u64) -> Result<Count, StoreError> {
         // A beat answered late is still a beat: it waits as a debit does, so a process behind a slow link is
         // counted. It goes past the circuit breaker (one beat per rule at a time, from one task): a beat that
         // reaches the store closes the breaker for the debits and leases behind it, and a beat never holds the
@@ -223,8 +285,8 @@ impl Fleet {
         seen.processes.store(count.processes, Ordering::Release);
         seen.held_until_ms
             .store(now.saturating_add(count.hold_ms), Ordering::Release);
-        // Back and still owing: the next beat is back too, until it reports settled.
-        if settled || beaten == u64::MAX {
+        seen.answered_at_ms.store(now.max(1), Ordering::Release);
+        if answered {
             seen.beaten_at_failures.store(failures, Ordering::Release);
         }
         seen.gauge.set(count.processes as f64);
@@ -232,5 +294,26 @@ impl Fleet {
             tracing::debug!(rule = %seen.rule, hold_ms = count.hold_ms, owing = count.owing, "the fleet is held");
         }
         Ok(count)
+    }
+}
+
+/// Whether a member comes back from an outage: the store's failure count moved since `beaten`, the count at its
+/// last answered beat; never answered (`u64::MAX`), whether any call failed at all.
+fn is_back(beaten: u64, failures: u64) -> bool {
+    beaten != failures && (beaten != u64::MAX || failures > 0)
+}
+
+/// How long a key decided by `algorithm` takes to refill from empty (ms), for the hold's presumed terms
+/// ([`crate::algorithm::fleet::Roster::term`]): a token bucket's `capacity × per_ms / rate`, rounded up; a leaky
+/// bucket's 0 (a paced queue has no burst: what a member sold alone is its pace over its silence). `None` where
+/// waiting cannot make up for sales alone: a bucket that never refills (rate 0, a stock) and the window rules,
+/// whose limit is per window (see docs/ARCHITECTURE.md, Known limits).
+pub(crate) fn refill_ms(algorithm: &Algorithm) -> Option<u64> {
+    match algorithm {
+        Algorithm::TokenBucket { bucket, .. } if bucket.rate > 0 => {
+            Some(bucket.capacity.saturating_mul(bucket.per_ms).div_ceil(bucket.rate))
+        }
+        Algorithm::LeakyBucket { .. } => Some(0),
+        _ => None,
     }
 }

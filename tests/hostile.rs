@@ -246,9 +246,11 @@ async fn rules_and_keys_never_share_a_redis_key() {
     }
     let mut expected: Vec<String> = pairs.iter().map(|(rule, key)| limiter.store_key(rule, key)).collect();
     expected.extend(["b", "b}:ban"].map(|key| format!("{}:ban", limiter.store_key("w", key))));
-    // Each rule's roster (the fleet's count, and its hold after an outage) is a key of its own, never a pair's.
+    // Each rule's roster (the fleet's count, the counts it answered, and its hold after an outage) is a key of
+    // its own, never a pair's.
     for rule in ["a", "a.b", "w"] {
-        expected.extend([format!("tl:fleet:{{{rule}}}"), format!("tl:fleet:{{{rule}}}:hold")]);
+        let roster = format!("tl:fleet:{{{rule}}}");
+        expected.extend([format!("{roster}:hold"), format!("{roster}:counts"), roster]);
     }
     expected.sort();
     let keys = server.cmd(&["KEYS", "*"]).expect("KEYS");

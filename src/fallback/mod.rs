@@ -239,7 +239,7 @@ impl Fallback {
         let rule = split_store_key(store_key).0;
         if mode == FailMode::Local {
             // Invariant 19: a process that just started learns the fleet's count and any hold first.
-            self.fleet.join(rule).await;
+            self.fleet.join(rule, algorithm).await;
         }
         self.settle(store_key, algorithm).await?;
         let window = ChargedWindow::of(algorithm);

@@ -277,7 +277,8 @@ impl Engine {
         let (bucket, lease) = (&local.bucket, &local.lease);
         let clock = &self.clock;
         // The fleet's count divides the fair share (invariant 17): a rule's first lease waits for it.
-        self.fallback.fleet.join(&compiled.rule.name).await;
+        let unleased = unleased(bucket);
+        self.fallback.fleet.join(&compiled.rule.name, &unleased).await;
         let sent = clock.now_ns();
         // At most this process's share of the burst at once, so the others get theirs.
         let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
@@ -287,7 +288,7 @@ impl Engine {
         let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
             .with_timeout(self.store.timeouts.lease);
         // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
-        let modes = (compiled.fail_mode, &unleased(bucket));
+        let modes = (compiled.fail_mode, &unleased);
         let result = match self.fallback.run(modes, &local.store_key, &call).await {
             Ok(reply) => Ok(reply),
             Err(Unsettled::Failed(error)) => Err(error),

@@ -88,7 +88,8 @@ impl Limiter {
 
     /// Stops the limiter: later calls get [`crate::Error::ShutDown`]; leases in flight finish; every leased
     /// token not spent is given back to the shared bucket, and what `fail_mode = "local"` admitted alone and is
-    /// not charged yet is charged to it, before this returns.
+    /// not charged yet is charged to it, before this returns. Then the process leaves the rules' fleets it owes
+    /// nothing (one beat each, within a debit's timeout).
     pub async fn shutdown(&self) {
         let engine = &self.inner.engine;
         engine.background.close().await;
@@ -102,10 +103,16 @@ impl Limiter {
         // again for up to DEBT_PATIENCE. What is still owed then is logged and counted as dropped.
         let fallback = Arc::clone(&engine.fallback);
         let rules = self.all_compiled();
+        // The rules whose debt was given up: their fleets are not left.
+        let gave_up = Arc::new(dashmap::DashSet::<String>::new());
+        let gave_up_in = gave_up.clone();
         returns.spawn(async move {
-            let dropped = |rule: &str, tokens: u64| match rules.iter().find(|c| c.rule.name == rule) {
-                Some(compiled) => compiled.metrics.debt_dropped.increment(tokens),
-                None => telemetry::debt_dropped(rule, tokens),
+            let dropped = |rule: &str, tokens: u64| {
+                gave_up_in.insert(rule.to_owned());
+                match rules.iter().find(|c| c.rule.name == rule) {
+                    Some(compiled) => compiled.metrics.debt_dropped.increment(tokens),
+                    None => telemetry::debt_dropped(rule, tokens),
+                }
             };
             tokio::join!(
                 fallback.settle_all(DEBT_PATIENCE, dropped),
@@ -114,5 +121,11 @@ impl Limiter {
             );
         });
         while returns.join_next().await.is_some() {}
+        // Settled, this process leaves its rules' fleets: the others count it out at once, and no hold waits for
+        // it or presumes it sold alone. A rule still owing, or whose debt was given up, stays, for the next hold to
+        // presume its debt.
+        let fallback = &engine.fallback;
+        let owes = |rule: &str| fallback.owes(rule) || gave_up.contains(rule);
+        fallback.fleet.leave(owes, engine.store.timeouts.debit).await;
     }
 }

@@ -406,7 +406,9 @@ impl Call {
             return vec![
                 self.key.clone(),
                 format!("{}:hold", self.key),
-                format!("{}:owing", self.key),
+                // `:owed`, not the `:owing` set of the first roster: a rolling upgrade meets no key of another type.
+                format!("{}:owed", self.key),
+                format!("{}:counts", self.key),
             ];
         }
         let banned = match &self.op {
@@ -549,6 +551,9 @@ impl Call {
                 int(beat.hold_ms),
                 Arg::Int(i64::from(beat.back)),
                 Arg::Int(i64::from(beat.settled)),
+                beat.refill_ms.map_or(Arg::Int(-1), int),
+                int(beat.cut_ms),
+                Arg::Int(i64::from(beat.leave)),
             ],
         };
         if let Some(now) = self.now_ms {

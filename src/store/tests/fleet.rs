@@ -4,6 +4,7 @@
 use super::harness::{r, step, EveryStore, Step};
 use crate::algorithm::fleet::Beat;
 use crate::store::call::roster_key;
+use crate::store::call::Op;
 use crate::store::Call;
 
 /// A beat of `member` at `now` (live 3 s, silent 1.5 s, kept 60 s, holds of at most 2 s).
@@ -16,8 +17,30 @@ fn beat(key: &str, member: &str, (back, settled): (bool, bool), now: u64) -> Cal
         hold_ms: 2_000,
         back,
         settled,
+        refill_ms: None,
+        cut_ms: 0,
+        leave: false,
     };
     Call::beat(key, beat).at(now)
+}
+
+/// `beat` on a rule whose buckets refill in 2 s, back after `cut_ms` cut off.
+fn presuming(key: &str, member: &str, (back, settled): (bool, bool), cut_ms: u64, now: u64) -> Call {
+    let mut call = beat(key, member, (back, settled), now);
+    if let Op::Fleet(beat) = &mut call.op {
+        beat.refill_ms = Some(2_000);
+        beat.cut_ms = cut_ms;
+    }
+    call
+}
+
+/// `member` leaving at `now`.
+fn leaving(key: &str, member: &str, now: u64) -> Call {
+    let mut call = beat(key, member, QUIET, now);
+    if let Op::Fleet(beat) = &mut call.op {
+        beat.leave = true;
+    }
+    call
 }
 
 const QUIET: (bool, bool) = (false, true);
@@ -71,6 +94,44 @@ fn fleet_table(p: &str) -> Vec<Step> {
         .into_iter()
         .map(|(what, call, reply)| step(what, call, reply))
         .collect()
+}
+
+fn presumed_table(p: &str) -> Vec<Step> {
+    let k = roster_key("tl", &format!("presumed-{p}"));
+    let t0 = 1_700_000_000_000;
+    let mut steps = Vec::new();
+    for (i, m) in ["a", "b", "c", "d", "e"].into_iter().enumerate() {
+        steps.push(("joins", beat(&k, m, QUIET, t0), r(i as u64 + 1, 0, 0, 0)));
+    }
+    steps.extend([
+        ("e leaves", leaving(&k, "e", t0 + 1_000), r(4, 0, 0, 0)),
+        ("a, b, c, d", beat(&k, "a", QUIET, t0 + 1_000), r(4, 0, 0, 0)),
+        ("", beat(&k, "b", QUIET, t0 + 1_000), r(4, 0, 0, 0)),
+        ("", beat(&k, "c", QUIET, t0 + 1_000), r(4, 0, 0, 0)),
+        ("", beat(&k, "d", QUIET, t0 + 1_000), r(4, 0, 0, 0)),
+        // Cut off 3 s: a is back first, owing. Each of a, b, c, d (counted 4) may have sold a quarter of a full
+        // bucket and of 3 s + the 2 s wait of refill: a term of (2 000 + 5 000) / 4 ms each. e left: not waited for.
+        (
+            "a back, owing",
+            presuming(&k, "a", (true, false), 3_000, t0 + 4_000),
+            r(1, 4, 2_000 + 4 * 1_750, 1),
+        ),
+        ("a has charged", beat(&k, "a", QUIET, t0 + 4_100), r(1, 3, 7_150, 1)),
+        ("b reports", beat(&k, "b", (true, true), t0 + 4_200), r(2, 2, 5_300, 1)),
+        ("c reports", beat(&k, "c", (true, true), t0 + 4_200), r(3, 1, 3_550, 1)),
+        // d exited: the hold lasts its term past the wait.
+        ("d's term runs", beat(&k, "a", QUIET, t0 + 7_749), r(1, 1, 1, 1)),
+        ("then ends", beat(&k, "a", QUIET, t0 + 7_750), r(1, 0, 0, 1)),
+    ]);
+    steps
+        .into_iter()
+        .map(|(what, call, reply)| step(what, call, reply))
+        .collect()
+}
+
+#[tokio::test]
+async fn members_that_never_report_are_presumed_to_have_sold_on_every_store() {
+    EveryStore::start().replay(presumed_table).await;
 }
 
 #[tokio::test]
