@@ -86,9 +86,24 @@ const BAD: &[(&str, &[&str])] = &[
     ("[serve]\nheader_read_timeout = \"0s\"\n", &["[serve]", "`header_read_timeout`"]),
     ("[serve]\nmax_connections = 0\n", &["[serve]", "`max_connections`"]),
     ("[serve]\nkeep_alive = \"5s\"\n", &["unknown field `keep_alive`", ":2"]),
+    ("[serve]\nlisten = \"localhost\"\n", &["listen", "socket address", ":2"]),
+    ("[serve]\nlisten = \"127.0.0.1:8080\"\ngrpc_listen = \"127.0.0.1:8080\"\n", &["[serve]", "`grpc_listen`", "differ"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nban = \"1h\"\nlease = { min_batch = 1, max_batch = 5, ttl = \"1s\" }\n", &["`ban`", "leased rule cannot ban"]),
     ("this is not toml", &["config:1"]),
 ];
+
+#[test]
+fn serve_holds_the_listen_addresses() {
+    let config =
+        Config::from_toml("[serve]\nlisten = \"0.0.0.0:9000\"\ngrpc_listen = \"[::1]:9001\"\n").expect("config");
+    assert_eq!(config.serve.listen, "0.0.0.0:9000".parse().expect("addr"));
+    assert_eq!(config.serve.grpc_listen, Some("[::1]:9001".parse().expect("addr")));
+    let default = tokenlease::ServeConfig::default();
+    assert_eq!(
+        (default.listen, default.grpc_listen),
+        ("127.0.0.1:8080".parse().expect("addr"), None)
+    );
+}
 
 #[test]
 fn each_bad_file_gives_a_clear_error() {

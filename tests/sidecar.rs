@@ -27,11 +27,16 @@ impl Serve {
     /// Starts the sidecar on `config`, its command line behind `wrapper` (e.g. `prlimit --nofile=256`), with
     /// `env` set, and waits for it to answer `/healthz`.
     fn start(config: &str, wrapper: &[&str], env: &[(&str, &str)]) -> Self {
+        let port = common::free_port();
+        Self::start_on(config, (wrapper, env), (port, Some(port)))
+    }
+
+    /// As [`Serve::start`], waiting for it on `port`, with `--listen` on `flag` (none: the config's address).
+    fn start_on(config: &str, (wrapper, env): (&[&str], &[(&str, &str)]), (port, flag): (u16, Option<u16>)) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("config.toml");
         std::fs::write(&path, config).expect("write config");
         let stderr = dir.path().join("stderr.log");
-        let port = common::free_port();
         let (program, before) = match wrapper.split_first() {
             Some((program, args)) => (*program, args.to_vec()),
             None => (env!("CARGO_BIN_EXE_tokenlease"), Vec::new()),
@@ -40,8 +45,12 @@ impl Serve {
         if !wrapper.is_empty() {
             command.args(before).arg(env!("CARGO_BIN_EXE_tokenlease"));
         }
+        command.arg("serve");
+        if let Some(flag) = flag {
+            command.args(["--listen", &format!("127.0.0.1:{flag}")]);
+        }
         let child = command
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg("--config")
             .arg(&path)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
@@ -303,4 +312,32 @@ fn a_cost_of_zero_peeks_and_reset_forgets_the_key() {
     assert_eq!((status, json["remaining"].as_u64()), (200, Some(2)), "{json}");
     let (status, json) = serve.post("/v1/reset", r#"{"rule": "nope", "key": "u1"}"#);
     assert_eq!(status, 404, "{json}");
+}
+
+/// `[serve] listen` says where the sidecar listens; `--listen` overrides it.
+#[test]
+fn serve_listens_where_the_config_says_unless_the_flag_says_otherwise() {
+    let (configured, flagged) = (common::free_port(), common::free_port());
+    let config = format!("[serve]\nlisten = \"127.0.0.1:{configured}\"\n{LIKE}");
+    let serve = Serve::start_on(&config, (&[], &[]), (configured, None));
+    assert!(
+        serve
+            .log()
+            .contains(&format!("listening on http://127.0.0.1:{configured}")),
+        "{}",
+        serve.log()
+    );
+    drop(serve);
+    let serve = Serve::start_on(&config, (&[], &[]), (flagged, Some(flagged)));
+    assert!(
+        serve
+            .log()
+            .contains(&format!("listening on http://127.0.0.1:{flagged}")),
+        "{}",
+        serve.log()
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", configured)).is_err(),
+        "the flag overrides the config: nothing listens on the configured port"
+    );
 }

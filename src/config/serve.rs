@@ -1,16 +1,24 @@
 //! `[serve]`: what `tokenlease serve` sheds (DESIGN.md invariant 7: the sidecar bounds connections, header reads and
 //! idle sockets). Read at start; a SIGHUP reload does not change them.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::FieldError;
 
-/// `[serve]`: the sidecar's bounds on connections. Read when `tokenlease serve` starts.
+/// `[serve]`: where the sidecar listens and its bounds on connections. Read when `tokenlease serve` starts; its
+/// `--listen` and `--grpc-listen` flags override the addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
+    /// `host:port` of the HTTP API and `/metrics`. Default `127.0.0.1:8080`.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// `host:port` of Envoy's Rate Limit Service (gRPC), for the rules with `[rule.rls]`; none by default.
+    #[serde(default)]
+    pub grpc_listen: Option<SocketAddr>,
     /// A request's headers must be complete within this of the connection being ready for it (accepted, or its
     /// previous response sent), or the connection is closed: hyper's `header_read_timeout`, against clients that
     /// send headers slowly (slowloris). Default 10 s, at most 10 min.
@@ -30,6 +38,8 @@ pub struct ServeConfig {
 impl Default for ServeConfig {
     fn default() -> Self {
         Self {
+            listen: default_listen(),
+            grpc_listen: None,
             header_read_timeout: default_header_read_timeout(),
             idle_timeout: default_idle_timeout(),
             max_connections: default_max_connections(),
@@ -40,6 +50,9 @@ impl Default for ServeConfig {
 /// The longest `header_read_timeout` accepted.
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
 fn default_header_read_timeout() -> Duration {
     Duration::from_secs(10)
 }
@@ -69,6 +82,9 @@ impl ServeConfig {
         }
         if self.max_connections == 0 {
             return Err(("max_connections", "must be at least 1".into()));
+        }
+        if self.grpc_listen == Some(self.listen) && self.listen.port() != 0 {
+            return Err(("grpc_listen", format!("must differ from `listen` ({})", self.listen)));
         }
         Ok(())
     }

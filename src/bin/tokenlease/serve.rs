@@ -56,10 +56,11 @@ pub(crate) struct Args {
     /// The config file; SIGHUP reloads it.
     #[arg(long, default_value = "config.toml")]
     config: PathBuf,
-    /// Address to listen on, for requests and /metrics.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-    /// Also serve Envoy's Rate Limit Service (RLS v3, gRPC) on this address, for the rules with `[rule.rls]`.
+    /// Address to listen on, for requests and /metrics [default: `[serve] listen`, else 127.0.0.1:8080].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Also serve Envoy's Rate Limit Service (RLS v3, gRPC) on this address, for the rules with `[rule.rls]`
+    /// [default: `[serve] grpc_listen`, else none].
     #[arg(long)]
     grpc_listen: Option<SocketAddr>,
 }
@@ -101,6 +102,9 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
     tokenlease::telemetry::describe();
     let max_body = MAX_BODY + config.process.max_key_bytes;
     let connections = config.serve;
+    // The flags override `[serve]`.
+    let listen = args.listen.unwrap_or(connections.listen);
+    let grpc_listen = args.grpc_listen.or(connections.grpc_listen);
     let max_connections = crate::connections::connection_bound(connections.max_connections);
     let routes: Routes = Arc::new(ArcSwap::from_pointee(config.rls.clone()));
     let limiter = Limiter::from_config(config).map_err(|e| e.to_string())?;
@@ -128,11 +132,11 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         watch(SignalKind::interrupt())?,
         watch(SignalKind::hangup())?,
     );
-    let listener = tokio::net::TcpListener::bind(args.listen)
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let grpc_listener = match args.grpc_listen {
+    let grpc_listener = match grpc_listen {
         None => None,
         Some(grpc) => Some(
             tokio::net::TcpListener::bind(grpc)
