@@ -10,12 +10,14 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+mod lines;
 mod redact;
 mod redis;
 mod rls;
 mod tls;
 mod window;
 
+use self::lines::{field_line, LineStarts, Place};
 pub(crate) use self::redact::redact_text;
 pub use self::redact::redact_url;
 pub(crate) use self::redis::{
@@ -275,12 +277,15 @@ impl Config {
                 message: redact_text(e.message().trim()),
             }
         })?;
-        let invalid = |line: Option<usize>, context: String, field: &str, message: String| ConfigError::Invalid {
-            path: path.map(Path::to_owned),
-            line,
-            context,
-            field: field.to_owned(),
-            message,
+        // A refused field is shown at its own line, else at its table's (`line`: the header's).
+        let invalid = |(place, line): (Place, Option<usize>), context: String, field: &str, message: String| {
+            ConfigError::Invalid {
+                path: path.map(Path::to_owned),
+                line: field_line(text, &lines, place, field).or(line),
+                context,
+                field: field.to_owned(),
+                message,
+            }
         };
 
         let mut fail_mode = FailMode::default();
@@ -289,25 +294,31 @@ impl Config {
             Some(spanned) => {
                 let line = line_of(spanned.span().start);
                 let r = spanned.into_inner();
+                let at = (Place::Table(&["redis"]), line);
                 r.validate()
-                    .map_err(|(field, why)| invalid(line, "[redis] ".into(), field, why))?;
+                    .map_err(|(field, why)| invalid(at, "[redis] ".into(), field, why))?;
                 fail_mode = r.fail_mode;
                 Some(r)
             }
         };
-        raw.process
-            .validate()
-            .map_err(|(field, why)| invalid(None, "[process] ".into(), field, why))?;
+        raw.process.validate().map_err(|(field, why)| {
+            invalid(
+                (Place::Table(&["process", "local"]), None),
+                "[process] ".into(),
+                field,
+                why,
+            )
+        })?;
         raw.serve
             .validate()
-            .map_err(|(field, why)| invalid(None, "[serve] ".into(), field, why))?;
+            .map_err(|(field, why)| invalid((Place::Table(&["serve"]), None), "[serve] ".into(), field, why))?;
 
         let mut rules: Vec<Rule> = Vec::with_capacity(raw.rule.len());
         let mut names: HashSet<String> = HashSet::with_capacity(raw.rule.len());
         let mut routes = Vec::new();
-        for spanned in raw.rule {
-            // The line of the rule's `[[rule]]` header.
-            let line = line_of(spanned.span().start);
+        for (n, spanned) in raw.rule.into_iter().enumerate() {
+            // The rule's `[[rule]]` header.
+            let line = (Place::Rule(n), line_of(spanned.span().start));
             let mut raw_rule = spanned.into_inner();
             let ctx = format!("rule \"{}\": ", raw_rule.name);
             if !names.insert(raw_rule.name.clone()) {
@@ -317,7 +328,10 @@ impl Config {
                 let route = rls.route(&raw_rule.name);
                 routes.push(route.map_err(|(field, message)| invalid(line, ctx.clone(), field, message))?);
             }
-            let rule = build_rule(raw_rule).map_err(|(field, message)| invalid(line, ctx, field, message))?;
+            let rule = build_rule(raw_rule).map_err(|((field, message), within)| {
+                let place = within.map_or(Place::Rule(n), |i| Place::Override(n, i));
+                invalid((place, line.1), ctx, field, message)
+            })?;
             rules.push(rule);
         }
         Ok(Self {
@@ -332,35 +346,24 @@ impl Config {
     }
 }
 
-/// Where each line of a text starts, to turn byte offsets (toml's spans) into line numbers in O(log lines):
-/// counting newlines from the start for every rule made checking quadratic (16 000 rules took 17 s).
-struct LineStarts(Vec<usize>);
-
-impl LineStarts {
-    fn new(text: &str) -> Self {
-        let starts = std::iter::once(0).chain(text.match_indices('\n').map(|(i, _)| i + 1));
-        Self(starts.collect())
-    }
-
-    /// The 1-based line holding byte `offset` (the last line for an offset past the end).
-    fn line_of(&self, offset: usize) -> usize {
-        self.0.partition_point(|&start| start <= offset)
-    }
-}
-
 fn required<T>(v: Option<T>, field: &'static str, algorithm: &str) -> Result<T, FieldError> {
     v.ok_or_else(|| (field, format!("is required by algorithm {algorithm}")))
 }
 
-fn build_rule(r: RawRule) -> Result<Rule, FieldError> {
+/// The rule `r` with its overrides.
+///
+/// # Errors
+/// The field refused and why, with the index of the `[[rule.override]]` it is in (`None`: the rule's own).
+fn build_rule(r: RawRule) -> Result<Rule, (FieldError, Option<usize>)> {
     let overrides = r.overrides.clone();
-    let mut rule = build_base(r.clone())?;
-    for o in &overrides {
-        let in_override = |(field, message): FieldError| (field, format!("in override `{}`: {message}", o.pattern));
+    let mut rule = build_base(r.clone()).map_err(|e| (e, None))?;
+    for (i, o) in overrides.iter().enumerate() {
+        let in_override =
+            |(field, message): FieldError| ((field, format!("in override `{}`: {message}", o.pattern)), Some(i));
         let limits = build_base(o.merged(&r)).map_err(in_override)?;
         rule = rule.with_override(o.pattern.clone(), limits).map_err(|e| match e {
-            crate::Error::InvalidArgument { name, reason } => (name, reason),
-            other => ("override", other.to_string()),
+            crate::Error::InvalidArgument { name, reason } => ((name, reason), Some(i)),
+            other => (("override", other.to_string()), Some(i)),
         })?;
     }
     Ok(rule)

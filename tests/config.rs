@@ -43,7 +43,7 @@ fn the_shipped_config_is_valid() {
 /// (file, what the error must say).
 const BAD: &[(&str, &[&str])] = &[
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nburst = 5\n", &["unknown field `burst`", ":7"]),
-    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrate = 1\nper = \"1s\"\n", &["rule \"a\"", "`capacity`", ":1", "at least 1"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrate = 1\nper = \"1s\"\n", &["rule \"a\"", "`capacity`", "config:4:", "at least 1"]),
     ("\n\n[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"soon\"\n", &["per", ":8"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nlease = { min_batch = 5, max_batch = 50, ttl = \"1s\" }\n", &["`lease.max_batch`", "capacity"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\nlease = { min_batch = 0, max_batch = 5, ttl = \"1s\" }\n", &["`lease.min_batch`"]),
@@ -58,8 +58,10 @@ const BAD: &[(&str, &[&str])] = &[
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\nreset = \"midnight\"\ntimezone = \"Europe/Berlin\"\nutc_offset = \"+01:00\"\n", &["`timezone`", "`utc_offset` exclude each other"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\ntimezone = \"Europe/Berlin\"\n", &["`timezone`", "needs `reset`"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 10\nwindow = \"1d\"\ntimezone = \"UTC\"\n", &["`timezone`", "not used by algorithm sliding_log"]),
-    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1s\"\n[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", ":6", "earlier rule"]),
+    ("[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1s\"\n[[rule]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", "config:7:", "earlier rule"]),
     ("[redis]\nurl = \"http://localhost\"\n", &["[redis]", "`url`"]),
+    ("# the store\n[redis]\ntimeout = \"50ms\"\nurl = \"http://localhost\"\n", &["config:4:", "[redis]", "`url`"]),
+    ("[serve]\nheader_read_timeout = \"1s\"\n\nidle_timeout = \"30s\"\n", &["config:4:", "[serve]", "`idle_timeout`"]),
     ("[redis]\ntimeout = \"5ms\"\n", &["[redis]", "`url`", "is required", "cluster"]),
     ("[redis]\nurl = \"redis://a\"\ncluster = [\"redis://b:7000\"]\n", &["`url`", "together with `cluster`"]),
     ("[redis]\nurl = \"redis://a\"\nsentinel = { master_name = \"m\", nodes = [\"redis://s:26379\"] }\n", &["`url`", "together with `sentinel`"]),
@@ -75,7 +77,7 @@ const BAD: &[(&str, &[&str])] = &[
     ("[redis]\nurl = \"redis://127.0.0.1\"\nkey_prefix = \"a{b\"\n", &["`key_prefix`"]),
     ("[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10000000000\nrate = 1\nper = \"1d\"\n", &["2^53"]),
     ("[[rule]]\nname = \"\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`"]),
-    ("[[rule]]\nname = \"a:b\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["config:1", "rule \"a:b\"", "`name`", "holds `:`", "`_`, `.` and `-`"]),
+    ("[[rule]]\nname = \"a:b\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["config:2:", "rule \"a:b\"", "`name`", "holds `:`", "`_`, `.` and `-`"]),
     ("[[rule]]\nname = \"tenant/7\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", "holds `/`"]),
     ("[[rule]]\nname = \"a{b\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", "holds `{`"]),
     ("[[rule]]\nname = \"sku buy\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n", &["`name`", "holds ` `"]),
@@ -125,7 +127,8 @@ fn errors_from_a_file_name_the_file() {
     )
     .expect("write");
     let err = Config::from_path(&path).expect_err("invalid").to_string();
-    assert!(err.starts_with(&format!("{}:1:", path.display())), "{err}");
+    // At the refused field's own line, not its `[[rule]]` header's.
+    assert!(err.starts_with(&format!("{}:4:", path.display())), "{err}");
     let missing = Config::from_path(dir.path().join("missing.toml"))
         .expect_err("missing")
         .to_string();
@@ -135,27 +138,41 @@ fn errors_from_a_file_name_the_file() {
     );
 }
 
+/// `tokenlease check-config PATH`'s output.
+#[cfg(feature = "cli")]
+fn check_config(path: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+        .arg("check-config")
+        .arg(path)
+        .output()
+        .expect("run check-config")
+}
+
 #[test]
 #[cfg(feature = "cli")] // runs the binary
 fn check_config_command_reports_the_error_and_fails() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, "[redis]\nurl = \"redis://x\"\ntimeout = \"fast\"\n").expect("write");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .expect("run");
+    let out = check_config(&path);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("timeout") && stderr.contains(":3"), "{stderr}");
-    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-        .arg("check-config")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
-        .output()
-        .expect("run");
+    let ok = check_config(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config.toml"
+    )));
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("rule sku_buy: token_bucket"));
+    // A config without a rule parses, but would refuse every call: check-config says so and fails.
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "[redis]\nurl = \"redis://x\"\n").expect("write");
+    let out = check_config(&empty);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("empty.toml: no [[rule]]"),
+        "{stderr}"
+    );
 }
 
 /// `timezone` gives an IANA zone's calendar, overrides keep it; `utc_offset` still gives a fixed offset.
@@ -228,7 +245,7 @@ window = "1s"
         .expect_err("limit 0")
         .to_string();
     assert!(
-        err.contains("`limit`") && err.contains("override `vip:*`") && err.contains(":1"),
+        err.contains("`limit`") && err.contains("override `vip:*`") && err.contains("config:8:"),
         "{err}"
     );
 }
@@ -276,14 +293,14 @@ fn process_settings_are_read_under_their_name_and_their_old_one() {
 
 #[test]
 fn an_error_far_down_a_large_file_names_its_line() {
-    // 5 000 rules of 6 lines, then one whose name is taken: its `[[rule]]` header is on line 30 001.
+    // 5 000 rules of 6 lines, then one whose name is taken: its `name` is on line 30 002.
     let rule = |name: &str| {
         format!("[[rule]]\nname = \"{name}\"\nalgorithm = \"sliding_log\"\nlimit = 1\nwindow = \"1s\"\n\n")
     };
     let mut text: String = (0..5_000).map(|i| rule(&format!("r{i}"))).collect();
     text.push_str(&rule("r17"));
     let err = Config::from_toml(&text).expect_err("duplicate").to_string();
-    assert!(err.contains(":30001:") && err.contains("earlier rule"), "{err}");
+    assert!(err.contains(":30002:") && err.contains("earlier rule"), "{err}");
     // A syntax error there too.
     text.push_str("limit = \n");
     let err = Config::from_toml(&text).expect_err("syntax").to_string();

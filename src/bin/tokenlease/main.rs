@@ -96,9 +96,16 @@ fn shown(urls: &[String]) -> String {
     urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")
 }
 
+/// What a config without rules means: `check-config` refuses it, `serve` warns.
+pub(crate) const NO_RULE: &str =
+    "no [[rule]]: every call would be refused as an unknown rule (see config.toml for one of each algorithm)";
+
 fn check_config(path: Option<PathBuf>) -> Result<ExitCode, String> {
     let path = path.unwrap_or_else(|| PathBuf::from("config.toml"));
     let config = tokenlease::Config::from_path(&path).map_err(|e| e.to_string())?;
+    if config.rules.is_empty() {
+        return Err(format!("{}: {NO_RULE}", path.display()));
+    }
     println!("{}: ok", path.display());
     match &config.redis {
         Some(r) => println!(

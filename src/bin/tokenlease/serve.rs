@@ -87,6 +87,13 @@ struct Shared {
 
 pub(crate) fn run(args: Args) -> Result<ExitCode, String> {
     let config = Config::from_path(&args.config).map_err(|e| e.to_string())?;
+    if config.rules.is_empty() {
+        eprintln!(
+            "tokenlease serve: warning: {}: {}",
+            args.config.display(),
+            crate::NO_RULE
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
