@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use redis::{AsyncConnectionConfig, ConnectionInfo};
 
+use super::condition::Condition;
 use crate::config::RedisConfig;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::telemetry;
@@ -97,6 +98,9 @@ pub(crate) struct EvictionWatch {
     too_old: Mutex<HashMap<String, String>>,
     /// Whether `too_old` has any: the one load each store call pays.
     any_too_old: AtomicBool,
+    /// What the operator is told of the store (`condition.rs`): the store's calls and this watch's connections
+    /// report to it.
+    pub(crate) condition: Condition,
 }
 
 impl EvictionWatch {
@@ -149,13 +153,19 @@ impl EvictionWatch {
     /// 5 s), and records it. Runs in the task that connects the store, which drops it when it connects again.
     pub(crate) async fn watch(&self, node: &str, info: &ConnectionInfo, timeout: Duration) {
         let mut backoff = Duration::from_millis(100);
+        self.condition
+            .connecting(node, matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }));
         loop {
             match read(info, timeout).await {
                 Ok((reading, version)) => {
+                    self.condition.answered();
                     self.record_version(node, version.as_deref());
                     return self.record(node, reading);
                 }
-                Err(e) => tracing::debug!(%node, error = %e, "cannot read maxmemory-policy yet; retrying"),
+                Err(e) => {
+                    self.condition.failed(&e);
+                    tracing::debug!(%node, error = %e, "cannot read maxmemory-policy yet; retrying");
+                }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));

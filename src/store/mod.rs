@@ -12,6 +12,7 @@ use crate::error::{StoreError, StoreErrorKind};
 
 pub(crate) mod breaker;
 pub(crate) mod call;
+pub(crate) mod condition;
 mod connect;
 pub(crate) mod eviction;
 pub(crate) mod guarded;

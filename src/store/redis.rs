@@ -396,8 +396,14 @@ impl RedisStore {
                 source: None,
             }),
         });
-        if let (Err(e), Some(m)) = (&outcome, metrics) {
-            m.error(e.kind);
+        match &outcome {
+            Ok(_) => self.eviction.condition.answered(),
+            Err(e) => {
+                self.eviction.condition.failed(e);
+                if let Some(m) = metrics {
+                    m.error(e.kind);
+                }
+            }
         }
         outcome
     }
