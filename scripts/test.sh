@@ -31,7 +31,12 @@ bash scripts/rls-client.sh
 
 # Benchmarks are built (not run) so that they keep compiling; `cargo bench` runs them.
 cargo bench --no-run
+# The crate as crates.io would get it: packaged from its `include` list and built from that alone (the docs.rs
+# build is the library's public features, `http`: `cargo doc --no-default-features --features http`).
+cargo publish --dry-run --allow-dirty
 # Three OS processes pace one leaky-bucket rule on a private redis-server: fails when 5 % off the rate.
 cargo run --release --example background_jobs
+# The tower layer's example, asked as a user would (5 GETs a 10 s window, then 429).
+bash scripts/example-tower.sh
 cargo test --release --lib --bins --tests --examples --no-fail-fast "$@"
 cargo test --release --doc
