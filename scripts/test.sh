@@ -13,6 +13,8 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
+# npm (and node) check the Grafana dashboards against Grafana's own schema (scripts/check-dashboards.sh).
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing ${missing[*]} (the tests run against the real servers)" >&2
   sudo_cmd=""
@@ -28,6 +30,9 @@ promtool --version 2>&1 | sed -n 1p
 # tests/rls.rs asks the sidecar's Envoy RLS with a real Python gRPC client: python3, python3-venv (apt, when
 # missing) and the pinned grpcio and Envoy API stubs (pip, into target/rls-venv).
 bash scripts/rls-client.sh
+
+# The dashboards fit Grafana's own schema (@grafana/schema, type-checked; no Grafana server).
+bash scripts/check-dashboards.sh
 
 # Benchmarks are built (not run) so that they keep compiling; `cargo bench` runs them.
 cargo bench --no-run
