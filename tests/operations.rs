@@ -576,7 +576,7 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
     traffic(&sidecar);
 
     // Every metric of the README's metrics table, with the labels the dashboards group by.
-    let expected: [(&str, &[&str]); 11] = [
+    let expected: [(&str, &[&str]); 13] = [
         (
             r#"tokenlease_decisions_total{rule="like",outcome="allowed",source="redis"}"#,
             &["instance"],
@@ -609,6 +609,14 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
         ),
         (r#"tokenlease_queue_wait_seconds_count{rule="reindex"}"#, &["instance"]),
         ("tokenlease_local_keys", &["instance"]),
+        (
+            r#"tokenlease_serve_requests_total{protocol="http",code="429"}"#,
+            &["instance"],
+        ),
+        (
+            r#"tokenlease_serve_request_duration_seconds_count{protocol="http"}"#,
+            &["instance"],
+        ),
     ];
     for (selector, labels) in expected {
         let series = prometheus.query(selector);

@@ -81,13 +81,19 @@ impl Serve {
     }
 
     fn healthz(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.http)) else {
-            return false;
-        };
+        self.get("/livez")
+            .is_some_and(|answer| answer.starts_with("HTTP/1.1 200"))
+    }
+
+    /// The whole answer (status line, headers, body) to `GET path` on the HTTP port.
+    fn get(&self, path: &str) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
         let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let asked = stream.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).ok()?;
         let mut answer = String::new();
-        asked.is_ok() && stream.read_to_string(&mut answer).is_ok() && answer.starts_with("HTTP/1.1 200")
+        stream.read_to_string(&mut answer).ok()?;
+        Some(answer)
     }
 
     /// Sends `requests` (see tests/rls_client.py) one after the other with the Python client; its answers.
@@ -353,6 +359,19 @@ fn rls_answers_envoy_on_the_in_process_store() {
     ]));
     let left: Vec<&Value> = answers.iter().map(|a| &a["statuses"][0]["limit_remaining"]).collect();
     assert_eq!(left, [&json!(9), &json!(5)], "{answers:?}");
+    // Its requests are counted and timed apart from HTTP's, by their answer.
+    let metrics = serve.get("/metrics").expect("metrics");
+    for series in [
+        r#"tokenlease_serve_requests_total{protocol="grpc",code="ok"}"#,
+        r#"tokenlease_serve_requests_total{protocol="grpc",code="over_limit"}"#,
+        r#"tokenlease_serve_request_duration_seconds_count{protocol="grpc"}"#,
+        r#"tokenlease_serve_requests_total{protocol="http",code="200"}"#,
+    ] {
+        let count = (metrics.lines())
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        assert!(count.is_some_and(|n| n >= 1.0), "{series}: {count:?} in {metrics}");
+    }
 
     // SIGHUP reloads the routes with the rules: `checkout` now answers domain `store`, and `shop` no more.
     serve.reload(&rules("").replacen("domain = \"shop\"", "domain = \"store\"", 1));

@@ -341,3 +341,83 @@ fn serve_listens_where_the_config_says_unless_the_flag_says_otherwise() {
         "the flag overrides the config: nothing listens on the configured port"
     );
 }
+
+/// `POST /v1/check/batch` decides many checks in one round trip, each as `/v1/check` would, in their order; a
+/// check that fails is answered in its place; a batch over the bound, or not a batch, is refused 400.
+#[test]
+fn a_batch_decides_each_check_in_its_order() {
+    let serve = Serve::start(LIKE, &[], &[]);
+    let checks: Vec<serde_json::Value> = (0..1_001)
+        .map(|i| serde_json::json!({ "rule": "like", "key": format!("user:{i}") }))
+        .collect();
+    let (status, body) = serve.post("/v1/check/batch", &serde_json::json!({ "checks": checks }).to_string());
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("at most 1000")),
+        "{body}"
+    );
+    let (status, body) = serve.post("/v1/check/batch", r#"{"rule": "like", "key": "k"}"#);
+    assert_eq!(status, 400, "{body}");
+
+    let few = r#"{"checks": [
+        {"rule": "like", "key": "batch", "cost": 999},
+        {"rule": "like", "key": "batch"},
+        {"rule": "like", "key": "batch"},
+        {"rule": "nope", "key": "batch"},
+        {"rule": "like", "key": "other", "cost": 0}
+    ]}"#;
+    let (status, body) = serve.post("/v1/check/batch", few);
+    assert_eq!(status, 200, "{body}");
+    let decisions = body["decisions"].as_array().expect("decisions");
+    let allowed: Vec<Option<bool>> = decisions.iter().map(|d| d["allowed"].as_bool()).collect();
+    assert_eq!(
+        allowed,
+        [Some(true), Some(true), Some(false), None, Some(true)],
+        "{body}"
+    );
+    assert_eq!(decisions[1]["remaining"], 0, "{body}");
+    assert_eq!(decisions[3]["status"], 404, "{body}");
+    assert!(
+        decisions[3]["error"].as_str().is_some_and(|e| e.contains("nope")),
+        "{body}"
+    );
+    assert_eq!(decisions[4]["remaining"], 1000, "a peek: {body}");
+}
+
+/// HTTP and gRPC (Envoy's RLS) share `[serve] max_connections`: with two allowed, one HTTP client and one gRPC
+/// client in, a second HTTP client waits in the backlog (no answer) until the gRPC one leaves. (Each listener
+/// takes its slot before it accepts, so a gRPC connection gets in with one HTTP client in.)
+#[test]
+fn http_and_grpc_share_one_connection_bound() {
+    let (http, grpc) = (common::free_port(), common::free_port());
+    let config = format!("[serve]\ngrpc_listen = \"127.0.0.1:{grpc}\"\nmax_connections = 2\n{LIKE}");
+    let serve = Serve::start_on(&config, (&[], &[]), (http, Some(http)));
+    let _first = TcpStream::connect(("127.0.0.1", http)).expect("an HTTP connection");
+    // HTTP/2's connection preface and an empty SETTINGS frame; an accepted connection answers with its own SETTINGS.
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    let mut rls = TcpStream::connect(("127.0.0.1", grpc)).expect("the gRPC port");
+    rls.write_all(preface).expect("preface");
+    rls.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    let mut frame = [0_u8; 9];
+    rls.read_exact(&mut frame).expect("the gRPC connection is served");
+    assert_eq!(frame[3], 0x4, "a SETTINGS frame: {frame:?}");
+    // Two connections are in: a second HTTP client is not served.
+    let mut second = TcpStream::connect(("127.0.0.1", http)).expect("the HTTP port");
+    second
+        .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    second.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    let mut answer = String::new();
+    let early = second.read_to_string(&mut answer);
+    assert!(
+        answer.is_empty() && early.is_err(),
+        "served beside an HTTP and a gRPC connection with a bound of two: {answer:?}; {}",
+        serve.log()
+    );
+    drop(rls);
+    second.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    second
+        .read_to_string(&mut answer)
+        .expect("served once the gRPC client left");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

@@ -29,6 +29,8 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokenlease::ServeConfig;
+
+use crate::requests::Requests;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -82,15 +84,15 @@ impl<H> HotRoute<H> {
 }
 
 /// Serves `app` on `listener` until `stop` is cancelled, then stops accepting and waits for the connections to
-/// finish their requests in flight (idle ones close at once). At most `max_connections` are open at once
+/// finish their requests in flight (idle ones close at once). At most as many connections are open at once as
+/// `open` has permits, which the gRPC listener shares
 /// (see [`connection_bound`]); later clients wait in the listen backlog. Requests that `hot` takes skip the
 /// router.
 pub(crate) async fn serve<H, F>(
     mut listener: TcpListener,
-    app: Router,
-    hot: HotRoute<H>,
+    (app, hot): (Router, HotRoute<H>),
     settings: ServeConfig,
-    max_connections: usize,
+    (open, requests): (Arc<Semaphore>, Requests),
     stop: CancellationToken,
 ) where
     H: Fn(Bytes) -> F + Send + Sync + 'static,
@@ -103,7 +105,6 @@ pub(crate) async fn serve<H, F>(
     http.timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout)
         .half_close(false);
-    let open = Arc::new(Semaphore::new(max_connections));
     let graceful = GracefulShutdown::new();
     loop {
         let next = async {
@@ -119,9 +120,11 @@ pub(crate) async fn serve<H, F>(
         let Ok(slot) = slot else { break };
         let busy = Busy::default();
         let io = TokioIo::new(IdleTimeout::new(tcp, settings.idle_timeout, busy.clone()));
-        let (router, hot) = (app.clone(), hot.clone());
+        let (router, hot, requests) = (app.clone(), hot.clone(), requests.clone());
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
             let serving = busy.enter();
+            let started = Instant::now();
+            let requests = requests.clone();
             let route = if hot.takes(&request) {
                 Ok(hot.clone())
             } else {
@@ -138,6 +141,9 @@ pub(crate) async fn serve<H, F>(
                     Err(mut router) => router.call(request).await,
                 };
                 drop(serving);
+                if let Ok(response) = &response {
+                    requests.record(response.status().as_str(), started.elapsed());
+                }
                 response
             }
         });

@@ -1,5 +1,6 @@
 //! The gRPC listener of `serve --grpc-listen` (tonic over HTTP/2), bounded like the HTTP one (DESIGN.md
-//! invariant 7): at most `[serve] max_connections` connections (later clients wait in the listen backlog), every
+//! invariant 7): at most `[serve] max_connections` connections, shared with the HTTP listener (later clients wait in the
+//! listen backlog), every
 //! request answered or cut within [`REQUEST_TIMEOUT`], dead peers dropped by HTTP/2 and TCP keep-alive, and every
 //! connection, busy or idle, closed after [`MAX_CONNECTION_AGE`] (gracefully, so a client reconnects in time; cut
 //! [`MAX_CONNECTION_AGE_GRACE`] later), so that none holds a socket for ever.
@@ -7,6 +8,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -46,13 +48,13 @@ const MAX_STREAMS: u32 = 1024;
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Serves `rls` on `listener` until `stop` is cancelled, then lets the requests in flight finish.
-pub(crate) async fn serve(listener: TcpListener, rls: Rls, max_connections: usize, stop: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, rls: Rls, open: Arc<Semaphore>, stop: CancellationToken) {
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(TCP_KEEPALIVE));
     let incoming = Bounded {
         inner: incoming,
-        slots: PollSemaphore::new(std::sync::Arc::new(Semaphore::new(max_connections))),
+        slots: PollSemaphore::new(open),
         slot: None,
         pause: None,
     };

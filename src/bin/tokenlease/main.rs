@@ -7,6 +7,7 @@ mod answer;
 mod connections;
 mod flash_sale;
 mod grpc;
+mod requests;
 mod rls;
 mod serve;
 mod simulate;
@@ -80,6 +81,10 @@ pub(crate) fn prometheus_builder() -> Result<metrics_exporter_prometheus::Promet
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(REDIS_DURATION_SECONDS.into()), REDIS_BUCKETS)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(QUEUE_WAIT_SECONDS.into()), QUEUE_BUCKETS))
+        .and_then(|b| {
+            let requests = Matcher::Full(requests::REQUEST_DURATION_SECONDS.into());
+            b.set_buckets_for_metric(requests, requests::REQUEST_BUCKETS)
+        })
         .map_err(|e| format!("cannot set the histogram buckets: {e}"))
 }
 

@@ -58,11 +58,18 @@ const MAX_DESCRIPTORS: usize = 64;
 pub(crate) struct Rls {
     limiter: Limiter,
     routes: Routes,
+    /// Its requests, counted and timed (`protocol = "grpc"`).
+    requests: crate::requests::Requests,
 }
 
 impl Rls {
+    /// The service deciding by `limiter` the descriptors that `routes` match.
     pub(crate) fn new(limiter: Limiter, routes: Routes) -> Self {
-        Self { limiter, routes }
+        Self {
+            limiter,
+            routes,
+            requests: crate::requests::Requests::grpc(),
+        }
     }
 }
 
@@ -86,7 +93,21 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = request.into_inner();
+        let started = std::time::Instant::now();
+        let answer = self.answer(request.into_inner()).await;
+        let code = match &answer {
+            Ok(response) if response.overall_code == i32::from(Code::OverLimit) => "over_limit",
+            Ok(_) => "ok",
+            Err(status) => grpc_code(status.code()),
+        };
+        self.requests.record(code, started.elapsed());
+        answer.map(Response::new)
+    }
+}
+
+impl Rls {
+    /// Answers a request: each descriptor decided by its rule.
+    async fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         if request.descriptors.len() > MAX_DESCRIPTORS {
             let message = format!("at most {MAX_DESCRIPTORS} descriptors per request");
             return Err(Status::invalid_argument(message));
@@ -98,11 +119,9 @@ impl RateLimitService for Rls {
             .map(|d| self.decide(&routes, &request.domain, request.hits_addend, d));
         let outcomes = futures_util::future::join_all(checks).await;
         let outcomes = outcomes.into_iter().collect::<Result<Vec<_>, Status>>()?;
-        Ok(Response::new(self.response(&outcomes)))
+        Ok(self.response(&outcomes))
     }
-}
 
-impl Rls {
     /// Decides one descriptor.
     async fn decide(
         &self,
@@ -248,6 +267,20 @@ fn envoy_headers(headers: &HeaderMap) -> Vec<EnvoyHeader> {
             }
         })
         .collect()
+}
+
+/// A gRPC status code as the `code` label of `tokenlease_serve_requests_total` (snake case).
+fn grpc_code(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::Ok => "ok",
+        tonic::Code::InvalidArgument => "invalid_argument",
+        tonic::Code::Unavailable => "unavailable",
+        tonic::Code::DeadlineExceeded => "deadline_exceeded",
+        tonic::Code::Cancelled => "cancelled",
+        tonic::Code::ResourceExhausted => "resource_exhausted",
+        tonic::Code::Internal => "internal",
+        _ => "other",
+    }
 }
 
 #[cfg(test)]

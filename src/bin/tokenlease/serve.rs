@@ -3,6 +3,7 @@
 //! | route | does |
 //! | --- | --- |
 //! | `POST /v1/check` `{rule, key, cost?}` | 200 or 429 with the decision as JSON and the rate-limit headers; cost 0 peeks |
+//! | `POST /v1/check/batch` `{checks: [{rule, key, cost?}, ...]}` | up to [`MAX_BATCH`] checks in one round trip: 200 with `{decisions: [...]}`, each the body `/v1/check` would answer, or `{error, status}` |
 //! | `POST /v1/reset` `{rule, key}` | forgets the key's state and ban ([`Limiter::reset`]): 200 |
 //! | `POST /v1/acquire` `{rule, key, cost?}` | waits for a queue slot (at most the rule's `max_wait`): 200, or 429 |
 //! | `GET /metrics` | the Prometheus metrics |
@@ -43,6 +44,9 @@ use crate::rls::Routes;
 
 /// Request bodies above this many bytes, plus `[process] max_key_bytes`, are refused (413).
 const MAX_BODY: usize = 16 * 1024;
+
+/// Checks one `/v1/check/batch` request may carry.
+pub(crate) const MAX_BATCH: usize = 1000;
 
 /// How long requests in flight may take to finish after SIGTERM before the sidecar stops anyway.
 const GRACE: Duration = Duration::from_secs(10);
@@ -107,6 +111,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     tokenlease::telemetry::describe();
+    crate::requests::describe();
     let max_body = MAX_BODY + config.process.max_key_bytes;
     let connections = config.serve;
     // The flags override `[serve]`.
@@ -121,6 +126,12 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         metrics: metrics.clone(),
         stop: stop.clone(),
     }));
+    // A batch's body may hold MAX_BATCH checks, each of a key of up to max_key_bytes.
+    let max_batch_body = MAX_BODY + MAX_BATCH * (max_body - MAX_BODY + 64);
+    let batch = Router::new()
+        .route("/v1/check/batch", post(check_batch))
+        .layer(DefaultBodyLimit::max(max_batch_body))
+        .layer(RequestBodyLimitLayer::new(max_batch_body));
     let app = Router::new()
         .route("/v1/check", post(check))
         .route("/v1/acquire", post(acquire))
@@ -131,6 +142,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         .route("/healthz", get(readyz))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(RequestBodyLimitLayer::new(max_body))
+        .merge(batch)
         .with_state(state.clone());
     // Signals are caught from before the socket is bound: none can kill the process with its default action.
     let watch = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
@@ -152,7 +164,7 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         ),
     };
     eprintln!(
-        "tokenlease serve: listening on http://{addr} ({}; at most {max_connections} connections)",
+        "tokenlease serve: listening on http://{addr} ({}; at most {max_connections} connections, gRPC's included)",
         args.config.display()
     );
     if let Some(grpc) = &grpc_listener {
@@ -174,11 +186,20 @@ async fn serve(args: Args, config: Config) -> Result<ExitCode, String> {
         max_body,
         handler: move |body| check(State(state.clone()), body),
     };
-    let server = crate::connections::serve(listener, app, hot, connections, max_connections, stop.clone());
+    // One bound for both listeners: a connection is a file descriptor whichever protocol it speaks.
+    let open = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let requests = crate::requests::Requests::http();
+    let server = crate::connections::serve(
+        listener,
+        (app, hot),
+        connections,
+        (open.clone(), requests),
+        stop.clone(),
+    );
     let grpc = async {
         if let Some(grpc) = grpc_listener {
             let rls = crate::rls::Rls::new(limiter.clone(), routes);
-            crate::grpc::serve(grpc, rls, max_connections, stop.clone()).await;
+            crate::grpc::serve(grpc, rls, open, stop.clone()).await;
         }
     };
     tokio::select! {
@@ -294,6 +315,58 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Response {
     let mut response = json_response(status, &crate::answer::Checked::of(&decision));
     insert_decision_headers(response.headers_mut(), &state.limiter, &ask.rule, &ask.key, &decision);
     response
+}
+
+/// The body of `/v1/check/batch`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    checks: Vec<Ask>,
+}
+
+/// One answer of a batch: the decision as `/v1/check` answers it, or why the check failed.
+#[derive(Debug, serde::Serialize)]
+#[serde(untagged)]
+enum Answered {
+    Decided(crate::answer::Checked),
+    Failed { error: String, status: u16 },
+}
+
+/// `POST /v1/check/batch`: up to [`MAX_BATCH`] checks decided in one round trip, concurrently (checks of one key
+/// are decided in their order: a hot key's decisions take no await), answered in their order. 200 with
+/// `{"decisions": [...]}` whatever the decisions; 400 for a body that is not a batch or holds too many.
+async fn check_batch(State(state): State<AppState>, body: Bytes) -> Response {
+    let batch: Batch = match serde_json::from_slice(&body) {
+        Ok(batch) => batch,
+        Err(e) => {
+            let message = format!(
+                "the body must be JSON {{\"checks\": [{{\"rule\": string, \"key\": string, \"cost\": integer ≥ 0}}, ...]}}: {e}"
+            );
+            return error_response(StatusCode::BAD_REQUEST, &message);
+        }
+    };
+    if batch.checks.len() > MAX_BATCH {
+        let message = format!("a batch holds at most {MAX_BATCH} checks, not {}", batch.checks.len());
+        return error_response(StatusCode::BAD_REQUEST, &message);
+    }
+    let limiter = &state.limiter;
+    let decided = futures_util::future::join_all(batch.checks.iter().map(|ask| async move {
+        match limiter.check(&ask.rule, &ask.key, ask.cost).await {
+            Ok(decision) => Answered::Decided(crate::answer::Checked::of(&decision)),
+            Err(e) => Answered::Failed {
+                error: e.to_string(),
+                status: error_status(&e).as_u16(),
+            },
+        }
+    }))
+    .await;
+    json_response(StatusCode::OK, &Decided { decisions: decided })
+}
+
+/// The body answering a batch.
+#[derive(Debug, serde::Serialize)]
+struct Decided {
+    decisions: Vec<Answered>,
 }
 
 async fn acquire(State(state): State<AppState>, body: Bytes) -> Response {
