@@ -27,7 +27,9 @@ pub use self::redis::{RedisConfig, SentinelConfig};
 pub use self::rls::{rls_match, RlsRoute};
 use self::window::Reset;
 use crate::error::ConfigError;
-use crate::rule::{self, check_name, check_sub_buckets, positive, whole_ms, Algorithm, FailMode, Lease, Rule};
+use crate::rule::{
+    self, check_name, check_sub_buckets, positive, whole_ms, Algorithm, FailMode, FieldError, Lease, Rule,
+};
 
 pub use serve::ServeConfig;
 
@@ -98,9 +100,6 @@ fn default_max_local_keys() -> usize {
 fn default_idle_ttl() -> Duration {
     Duration::from_secs(60)
 }
-
-/// A field in error, and why.
-type FieldError = (&'static str, String);
 
 impl ProcessConfig {
     /// Checks the settings: one check for the config file and for [`crate::LimiterBuilder::process`].

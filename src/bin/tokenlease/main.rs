@@ -35,8 +35,8 @@ enum Command {
     },
     /// Run a flash sale: P worker processes × T tasks hammering one hot key (or N SKUs, Zipf-distributed) on Redis.
     FlashSale(flash_sale::Args),
-    /// Serve the limiter over HTTP: POST /v1/check, POST /v1/acquire, POST /v1/reset, GET /metrics, GET /livez,
-    /// GET /readyz; and Envoy's Rate Limit Service (gRPC) with --grpc-listen.
+    /// Serve the limiter over HTTP: POST /v1/check, POST /v1/check/batch, POST /v1/acquire, POST /v1/reset,
+    /// GET /metrics, GET /livez, GET /readyz; and Envoy's Rate Limit Service (gRPC) with --grpc-listen.
     Serve(serve::Args),
     /// Size a sale: P limiters of this crate on virtual time over the in-process store with a round trip, one
     /// hot key; prints store calls/s, calls per admitted token, the share of the bound sold and the worst window.
