@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cargo build --release --example tower_layer --features http
-target/release/examples/tower_layer "127.0.0.1:$port" &
+"${CARGO_TARGET_DIR:-target}/release/examples/tower_layer" "127.0.0.1:$port" &
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true' EXIT
 python3 - "$port" <<'PY'
