@@ -262,6 +262,8 @@ impl Fleet {
                     ..self.quiet_beat()
                 };
                 let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(patience);
+                // A beat: counted apart from the store calls of decisions.
+                self.beats.fetch_add(1, Ordering::Relaxed);
                 if let Err(error) = self.store.run_past_breaker(&call).await {
                     tracing::debug!(rule = %seen.rule, %error, "could not leave the fleet; it forgets this process later");
                 }

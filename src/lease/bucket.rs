@@ -102,6 +102,8 @@ pub(crate) struct LocalBucket {
     starved: AtomicBool,
     /// One lease in flight per key per process.
     in_flight: AtomicBool,
+    /// Made hot on a shared bucket the fleet spends, no lease sent yet: the first may wait ([`Self::first_lease_wait`]).
+    measuring: AtomicBool,
     /// Drained for good (evicted, its rule reloaded, the limiter shut down): no lease starts and a grant that
     /// arrives is not added (the caller gives it back).
     retired: AtomicBool,
@@ -141,6 +143,7 @@ impl LocalBucket {
             low_watermark: AtomicU64::new(lease.min_batch / 4),
             starved: AtomicBool::new(false),
             in_flight: AtomicBool::new(false),
+            measuring: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             last_used_ns: AtomicU64::new(now_ns),
             notify: Notify::new(),
@@ -166,6 +169,41 @@ impl LocalBucket {
     /// Tokens that may be spent now (a sum over the shards).
     pub(crate) fn available(&self) -> u64 {
         self.tokens.total()
+    }
+
+    /// This new bucket was made hot because the fleet spends the shared bucket: its first lease may wait to
+    /// measure the demand ([`Self::first_lease_wait`]).
+    #[must_use]
+    pub(crate) fn measuring(self) -> Self {
+        self.measuring.store(true, Ordering::Release);
+        self.lock().saturated = true;
+        self
+    }
+
+    /// Whether this bucket's first lease, about to be sent at `now_ns` in a fleet of `processes`, waits: when the
+    /// bucket was made hot on a shared bucket the fleet spends ([`Self::measuring`]) and the fleet's first turns,
+    /// spaced for a guessed `min_batch` each, would take longer than half a TTL to go round, the lease waits until
+    /// half a TTL after the bucket was made, its callers refused locally meanwhile (as the fleet's turns would
+    /// refuse them) while their decisions measure the demand. The turn the bucket hands it is then spaced for what
+    /// it will spend, and the turns do not run together for the rest of the sale. A small fleet leases at once:
+    /// its first turns go round within the wait. Returns when the lease may go (ns), `None` when it goes now.
+    pub(crate) fn first_lease_wait(&self, processes: u64, now_ns: u64) -> Option<u64> {
+        if !self.measuring.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        let half_ttl = u64::try_from(self.lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX);
+        // 3/5 of the refill of a turn, as `token_lease.lua` spaces them.
+        let guessed_turn_ns = u128::from(self.lease.min_batch) * u128::from(self.bucket.per_ms) * 600_000
+            / u128::from(self.bucket.rate.max(1));
+        if guessed_turn_ns * u128::from(processes) <= u128::from(half_ttl) {
+            return None;
+        }
+        let until = self.lock().last_lease_ns.saturating_add(half_ttl);
+        if now_ns >= until {
+            return None;
+        }
+        self.exhausted_until_ns.store(until, Ordering::Release);
+        Some(until)
     }
 
     /// Whether a batch's deadline has passed, so [`Self::expire`] has work.
@@ -480,69 +518,5 @@ impl LocalBucket {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lease() -> Lease {
-        Lease {
-            min_batch: 10,
-            max_batch: 100,
-            ttl: Duration::from_millis(200),
-            hot_after: None,
-        }
-    }
-
-    /// A key's bucket of 1000 tokens refilled at 1 per second, leased 10 to 100 at a time for 200 ms.
-    fn local_bucket() -> LocalBucket {
-        let bucket = TokenBucket {
-            capacity: 1000,
-            rate: 1,
-            per_ms: 1000,
-        };
-        LocalBucket::new("k", "k".into(), bucket, lease(), 0)
-    }
-
-    #[test]
-    fn expiry_gives_back_only_what_older_batches_left() {
-        let b = local_bucket();
-        let plan = b.plan(1000, 1, 0);
-        let grant = |tokens| Reply {
-            granted: tokens,
-            remaining: 990,
-            retry_after_ms: 0,
-            reset_after_ms: 0,
-        };
-        assert!(b.add(&grant(10), 200, plan, 0));
-        assert!(matches!(b.try_take(4, 10), Take::Taken { .. }));
-        assert_eq!(b.available(), 6);
-        assert!(b.add(&grant(10), 300, plan, 100));
-        assert!(
-            !b.add(&grant(10), 150, plan, 150),
-            "a reply after its deadline is not added"
-        );
-        // 16 left: 6 of the first batch, 10 of the second. At 200 the first batch's 6 expire.
-        assert_eq!(b.expire(199), 0);
-        assert_eq!(b.expire(200), 6);
-        assert_eq!(b.available(), 10);
-        assert!(matches!(b.try_take(3, 201), Take::Taken { .. }));
-        assert_eq!(b.available(), 7);
-        assert_eq!(b.expire(300), 7);
-        assert_eq!(b.available(), 0);
-        assert!(!b.has_expired(10_000), "nothing left to expire");
-        assert!(b.add(&grant(5), 20_000, plan, 10_000));
-        assert_eq!(b.drain(), 5);
-        assert!(!b.claim_lease(), "a retired bucket starts no lease");
-        assert!(
-            !b.add(&grant(10), 90_000, plan, 10_001),
-            "nor takes a grant: it goes back"
-        );
-    }
-
-    #[test]
-    fn a_refusal_is_cached_until_retry_after() {
-        let b = local_bucket();
-        b.refused(Duration::from_nanos(50), Duration::ZERO, Duration::ZERO, 100);
-        assert_eq!(b.try_take(1, 120), Take::Exhausted { retry_ns: 30 });
-        assert_eq!(b.try_take(1, 150), Take::Empty);
-    }
-}
+#[path = "bucket_tests.rs"]
+mod tests;

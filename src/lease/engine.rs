@@ -148,9 +148,18 @@ impl Engine {
         remaining: u64,
     ) {
         let drained = remaining.saturating_add(cost).saturating_add(lease.min_batch) <= bucket.capacity;
-        if let (true, Some(heat)) = (drained, compiled.heat.get()) {
-            heat.raise(compiled.hash(key), hot_at(lease).saturating_sub(1));
-        }
+        let Some(heat) = compiled.heat.get().filter(|_| drained) else {
+            return;
+        };
+        heat.raise(compiled.hash(key), hot_at(lease));
+        // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
+        // ([`LocalBucket::first_lease_wait`]).
+        let now = self.clock.now_ns();
+        let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
+        compiled
+            .leases
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(LocalBucket::new(key, store_key, *bucket, *lease, now).measuring()));
     }
 
     /// The key's local bucket: the one in the map, else a new one when the key is hot (see [`hot_at`]), else
@@ -279,6 +288,12 @@ impl Engine {
         // The fleet's count divides the fair share (invariant 17): a rule's first lease waits for it.
         let unleased = unleased(bucket);
         self.fallback.fleet.join(&compiled.rule.name, &unleased).await;
+        if local
+            .first_lease_wait(self.fallback.processes(&compiled.rule.name), clock.now_ns())
+            .is_some()
+        {
+            return;
+        }
         let sent = clock.now_ns();
         // At most this process's share of the burst at once, so the others get theirs.
         let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
