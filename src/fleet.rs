@@ -230,7 +230,9 @@ impl Fleet {
     pub(crate) async fn beat(&self, seen: &Seen, settled: bool) -> Result<Count, StoreError> {
         let failures = self.store.failures();
         let beaten = seen.beaten_at_failures.load(Ordering::Acquire);
-        let back = is_back(beaten, failures);
+        // Never answered, a process is back only while it owes what it sold alone: a first call that timed out
+        // while it connected does not hold the fleet.
+        let back = is_back(beaten, failures) && (beaten != u64::MAX || !settled);
         let answered_at = seen.answered_at_ms.load(Ordering::Acquire);
         let beat = Beat {
             back,
