@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::proxy::DelayProxy;
 use common::timeline::Timeline;
@@ -37,20 +37,6 @@ fn sell(
     })
 }
 
-/// Waits (real time: the beats run every second) until every limiter counts `n` processes of `rule`.
-async fn until_all_count(limiters: &[Limiter], rule: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(8);
-    loop {
-        let counts: Vec<u64> = limiters.iter().map(|l| l.processes(rule)).collect();
-        if counts.iter().all(|c| *c == n) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never all {n}: {counts:?}");
-        // real time: the beats.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Eight processes, each told that the fleet has four, sell one key through a 5 s freeze of Redis under
 /// `fail_mode = "local"`: each sells alone an eighth of what was left and of the refill (the live count), not a
 /// quarter, so the fleet stays within the bound in every window (1.45-1.51x in a 3 s window when each took the
@@ -77,7 +63,7 @@ async fn more_processes_than_the_setting_says_keep_to_the_bound_through_a_freeze
     let tasks: Vec<_> = (fleet.iter())
         .map(|l| sell(l, ("sale", "k"), Duration::from_millis(5), (&timeline, &run, &alone)))
         .collect();
-    until_all_count(&fleet, "sale", 8).await;
+    common::until_all_count(&fleet, "sale", 8, Duration::from_secs(8)).await;
     // real time: the fleet drains the bucket and takes the refill from Redis.
     tokio::time::sleep(Duration::from_secs(1)).await;
     server.freeze();

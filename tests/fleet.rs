@@ -32,25 +32,6 @@ fn process(url: &str, expected: u32) -> Limiter {
         .build()
 }
 
-/// Waits (real time, the beats run on their own) until every limiter counts `n`, or panics after `limit`.
-async fn until_all_count(limiters: &[Limiter], n: u64, limit: Duration) {
-    until_all_count_of("sale", limiters, n, limit).await;
-}
-
-/// As [`until_all_count`], for `rule`.
-async fn until_all_count_of(rule: &str, limiters: &[Limiter], n: u64, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let counts: Vec<u64> = limiters.iter().map(|l| l.processes(rule)).collect();
-        if counts.iter().all(|c| *c == n) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never all {n}: {counts:?}");
-        // real time: the beats run every second.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Each of `sellers` calls `rule` on key `k` every 5 ms while `selling` is set, recording what it admits in
 /// `timeline` and counting in `alone` what it admitted alone (`source = fallback`).
 fn sell(
@@ -85,12 +66,12 @@ async fn every_process_counts_the_live_fleet_whatever_the_setting_says() {
     for l in &fleet {
         assert!(l.check("sale", "k", 1).await.expect("decision").allowed);
     }
-    until_all_count(&fleet, 6, Duration::from_secs(5)).await;
+    common::until_all_count(&fleet, "sale", 6, Duration::from_secs(5)).await;
     // Two leave: the others count four once they have missed three beats.
     for l in fleet.drain(4..) {
         l.shutdown().await;
     }
-    until_all_count(&fleet, 4, Duration::from_secs(8)).await;
+    common::until_all_count(&fleet, "sale", 4, Duration::from_secs(8)).await;
     for l in &fleet {
         l.shutdown().await;
     }
@@ -108,7 +89,7 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_the_fleets
     let tasks = sell(&sellers, "sale", &timeline, (&selling, &alone));
     // real time: the fleet counts itself and drains the bucket.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    until_all_count(&sellers, 4, Duration::from_secs(5)).await;
+    common::until_all_count(&sellers, "sale", 4, Duration::from_secs(5)).await;
     server.freeze();
     // real time: the outage; the sellers sell their shares alone for 2 s, then the key goes quiet.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -175,7 +156,7 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_sellers_th
         assert!(l.check("stock", "k", 1).await.expect("decision").allowed);
         timeline.record(1);
     }
-    until_all_count_of("stock", &sellers, 4, Duration::from_secs(5)).await;
+    common::until_all_count(&sellers, "stock", 4, Duration::from_secs(5)).await;
     server.stop();
     let (selling, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
     let tasks = sell(&sellers, "stock", &timeline, (&selling, &alone));

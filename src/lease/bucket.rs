@@ -192,9 +192,8 @@ impl LocalBucket {
             return None;
         }
         let half_ttl = u64::try_from(self.lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX);
-        // 3/5 of the refill of a turn, as `token_lease.lua` spaces them.
-        let guessed_turn_ns = u128::from(self.lease.min_batch) * u128::from(self.bucket.per_ms) * 600_000
-            / u128::from(self.bucket.rate.max(1));
+        // Spaced as `token_lease.lua` spaces the turns of leases of `min_batch`.
+        let guessed_turn_ns = u128::from(self.bucket.turn_spacing(self.lease.min_batch)) * 1_000_000;
         if guessed_turn_ns * u128::from(processes) <= u128::from(half_ttl) {
             return None;
         }

@@ -154,12 +154,22 @@ impl Engine {
         heat.raise(compiled.hash(key), hot_at(lease));
         // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
         // ([`LocalBucket::first_lease_wait`]).
+        self.insert_local(compiled, (bucket, lease), key, LocalBucket::measuring);
+    }
+
+    /// `key`'s local bucket: the one in the map, else a new one, made by `made` from an empty bucket.
+    fn insert_local(
+        &self,
+        compiled: &Compiled,
+        (bucket, lease): (&TokenBucket, &Lease),
+        key: &str,
+        made: impl FnOnce(LocalBucket) -> LocalBucket,
+    ) -> Arc<LocalBucket> {
         let now = self.clock.now_ns();
         let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
-        compiled
-            .leases
-            .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(LocalBucket::new(key, store_key, *bucket, *lease, now).measuring()));
+        (compiled.leases.entry(key.to_owned()))
+            .or_insert_with(|| Arc::new(made(LocalBucket::new(key, store_key, *bucket, *lease, now))))
+            .clone()
     }
 
     /// The key's local bucket: the one in the map, else a new one when the key is hot (see [`hot_at`]), else
@@ -180,13 +190,7 @@ impl Engine {
         if heat.observe(compiled.hash(key), now) < hot_at(lease) {
             return None;
         }
-        let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
-        let local = compiled
-            .leases
-            .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(LocalBucket::new(key, store_key, *bucket, *lease, now)))
-            .clone();
-        Some(local)
+        Some(self.insert_local(compiled, (bucket, lease), key, |made| made))
     }
 
     /// Decides `cost` tokens of a leased rule's hot `key`: from the local bucket, or after the key's lease in

@@ -116,3 +116,18 @@ impl TestLimiter {
         builder.build().expect("limiter")
     }
 }
+
+/// Waits (real time: the fleet's beats run every second) until every limiter of `limiters` counts `n` live
+/// processes of `rule`; panics after `limit`.
+pub async fn until_all_count(limiters: &[Limiter], rule: &str, n: u64, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let counts: Vec<u64> = limiters.iter().map(|l| l.processes(rule)).collect();
+        if counts.iter().all(|c| *c == n) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "never all {n}: {counts:?}");
+        // real time: the beats.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
