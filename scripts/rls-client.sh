@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Python gRPC client of tests/rls.rs (tests/rls_client.py: grpcio and Envoy's API stubs, pinned in
-# tests/rls_requirements.txt) into a venv, target/rls-venv unless RLS_VENV says otherwise, and prints the venv's
+# Installs the Python gRPC client of cli/tests/rls.rs (cli/tests/rls_client.py: grpcio and Envoy's API stubs, pinned in
+# cli/tests/rls_requirements.txt) into a venv, target/rls-venv unless RLS_VENV says otherwise, and prints the venv's
 # python. Installs python3 and python3-venv with apt when they are missing (PEP 668: no pip into the system).
 # Does nothing more when the venv already imports the client's modules.
 set -euo pipefail
@@ -28,6 +28,6 @@ if ! python3 -m venv "$venv" >&2; then
   apt_install python3-venv
   python3 -m venv "$venv" >&2
 fi
-"$python" -m pip install --quiet --disable-pip-version-check -r tests/rls_requirements.txt >&2
+"$python" -m pip install --quiet --disable-pip-version-check -r cli/tests/rls_requirements.txt >&2
 "$python" -c "$check"
 echo "$(cd "$venv" && pwd)/bin/python"

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the tests run for real: redis-server (Debian builds it, and redis-cli, with TLS: tests/tls.rs starts
 # servers, a Sentinel and a cluster serving TLS only); redis-sentinel (tests/sentinel.rs fails a master over);
-# prometheus and promtool (tests/operations.rs scrapes the sidecar and checks the dashboards' queries and the alert
+# prometheus and promtool (cli/tests/operations.rs scrapes the sidecar and checks the dashboards' queries and the alert
 # rules).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -27,7 +27,7 @@ redis-server --version
 redis-sentinel --version
 promtool --version 2>&1 | sed -n 1p
 
-# tests/rls.rs asks the sidecar's Envoy RLS with a real Python gRPC client: python3, python3-venv (apt, when
+# cli/tests/rls.rs asks the sidecar's Envoy RLS with a real Python gRPC client: python3, python3-venv (apt, when
 # missing) and the pinned grpcio and Envoy API stubs (pip, into target/rls-venv).
 bash scripts/rls-client.sh
 
@@ -36,9 +36,10 @@ bash scripts/check-dashboards.sh
 
 # Benchmarks are built (not run) so that they keep compiling; `cargo bench` runs them.
 cargo bench --no-run
-# The crate as crates.io would get it: packaged from its `include` list and built from that alone (the docs.rs
-# build is the library's public features, `http`: `cargo doc --no-default-features --features http`).
-cargo publish --dry-run --allow-dirty
+# The library crate as crates.io would get it: packaged from its `include` list and built from that alone (the
+# docs.rs build adds its public feature, `http`: `cargo doc -p tokenlease --features http`). The binary (cli/) is
+# not published.
+cargo publish --dry-run --allow-dirty -p tokenlease
 # Three OS processes pace one leaky-bucket rule on a private redis-server: fails when 5 % off the rate.
 cargo run --release --example background_jobs
 # The tower layer's example, asked as a user would (5 GETs a 10 s window, then 429).

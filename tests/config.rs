@@ -138,43 +138,6 @@ fn errors_from_a_file_name_the_file() {
     );
 }
 
-/// `tokenlease check-config PATH`'s output.
-#[cfg(feature = "cli")]
-fn check_config(path: &std::path::Path) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-        .arg("check-config")
-        .arg(path)
-        .output()
-        .expect("run check-config")
-}
-
-#[test]
-#[cfg(feature = "cli")] // runs the binary
-fn check_config_command_reports_the_error_and_fails() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[redis]\nurl = \"redis://x\"\ntimeout = \"fast\"\n").expect("write");
-    let out = check_config(&path);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("timeout") && stderr.contains(":3"), "{stderr}");
-    let ok = check_config(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/config.toml"
-    )));
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    assert!(String::from_utf8_lossy(&ok.stdout).contains("rule sku_buy: token_bucket"));
-    // A config without a rule parses, but would refuse every call: check-config says so and fails.
-    let empty = dir.path().join("empty.toml");
-    std::fs::write(&empty, "[redis]\nurl = \"redis://x\"\n").expect("write");
-    let out = check_config(&empty);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("empty.toml: no [[rule]]"),
-        "{stderr}"
-    );
-}
-
 /// `timezone` gives an IANA zone's calendar, overrides keep it; `utc_offset` still gives a fixed offset.
 #[test]
 fn a_timezone_gives_a_zoned_calendar() {

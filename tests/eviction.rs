@@ -65,7 +65,7 @@ async fn require_noeviction_needs_redis_up_at_start() {
 }
 
 /// Without `require_noeviction` the limiter runs, and reports the policy: in readiness (still ready), in the
-/// gauge `tokenlease_redis_eviction_unsafe` and in a warning (`tests/readiness.rs` reads both from the sidecar).
+/// gauge `tokenlease_redis_eviction_unsafe` and in a warning (`cli/tests/readiness.rs` reads both from the sidecar).
 #[tokio::test]
 async fn a_policy_that_may_evict_is_reported_when_not_required() {
     let server = evicting("allkeys-lru");

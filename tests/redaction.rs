@@ -7,31 +7,9 @@ use std::time::Duration;
 
 use tokenlease::{Config, Limiter};
 
-const SECRET: &str = "s3cret";
-const RULE: &str = "[[rule]]\nname = \"r\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 10\nper = \"1s\"\n";
+mod common;
 
-/// The three ways of naming the store, each with passwords, and nothing listening (port 1 refuses).
-fn configs() -> [(&'static str, String); 3] {
-    let redis = "timeout = \"50ms\"\nfail_mode = \"closed\"\n";
-    [
-        ("url", format!("[redis]\nurl = \"redis://u:{SECRET}@127.0.0.1:1/0\"\n{redis}{RULE}")),
-        (
-            "cluster",
-            format!("[redis]\ncluster = [\"redis://:{SECRET}@127.0.0.1:1\", \"redis://u:{SECRET}@127.0.0.1:2\"]\n{redis}{RULE}"),
-        ),
-        (
-            "sentinel",
-            format!(
-                "[redis]\nsentinel = {{ master_name = \"m\", nodes = [\"redis://u:{SECRET}@127.0.0.1:1\"] }}\n{redis}{RULE}"
-            ),
-        ),
-    ]
-}
-
-fn assert_redacted(what: &str, text: &str) {
-    assert!(!text.contains(SECRET), "{what} shows the password: {text}");
-    assert!(text.contains("127.0.0.1"), "{what} does not name the host: {text}");
-}
+use common::redaction::{assert_redacted, configs, SECRET};
 
 #[test]
 fn the_debug_of_a_config_redacts_its_passwords() {
@@ -116,23 +94,4 @@ async fn store_errors_and_logs_redact_the_passwords() {
     let log = String::from_utf8_lossy(&log.0.lock().expect("log")).into_owned();
     assert!(log.contains("127.0.0.1"), "the log does not name the server: {log}");
     assert!(!log.contains(SECRET), "the log shows the password: {log}");
-}
-
-#[test]
-#[cfg(feature = "cli")] // runs the binary
-fn check_config_prints_no_password() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (name, text) in configs() {
-        let path = dir.path().join(format!("{name}.toml"));
-        std::fs::write(&path, text).expect("write");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-            .arg("check-config")
-            .arg(&path)
-            .output()
-            .expect("run");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_redacted(&format!("check-config of {name}"), &stdout);
-        assert!(stdout.contains(":***@127.0.0.1"), "{stdout}");
-    }
 }

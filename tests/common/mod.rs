@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod redaction;
 pub mod sentinel;
 mod server;
 pub mod timeline;

@@ -3,6 +3,7 @@
 //! when the server's certificate is a CA used as its own leaf (redis-cli accepts it, rustls refuses it), and when
 //! nothing listens; and again when the store answers. stderr is a file here: no colour codes in it.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -4,6 +4,7 @@
 //!
 //! These tests need `redis-server`, `prometheus` and `promtool` on the PATH and fail, never skip, without them.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;
@@ -553,7 +554,7 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
     let (ok, lint) = promtool(&["check", "metrics"], Some(&exposition));
     assert!(ok, "promtool check metrics: {lint}");
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let alerts = root.join("grafana/alerts.yml");
     let (ok, lint) = promtool(&["check", "rules", &alerts.display().to_string()], None);
     assert!(ok, "promtool check rules: {lint}");

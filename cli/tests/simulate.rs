@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 fn simulate(args: &[&str]) -> (serde_json::Value, Duration) {
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .arg("simulate")
         .args(args)
         .arg("--json")
@@ -138,7 +138,7 @@ fn bad_options_are_refused_with_an_error() {
         &["simulate", "--processes", "4", "--duration", "0s"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .args(args)
             .output()
             .expect("run tokenlease");

@@ -1,5 +1,6 @@
 //! The main job, end to end: a short multi-process `tokenlease flash-sale` against a real Redis.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;
@@ -10,7 +11,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn run(args: &[&str]) -> serde_json::Value {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .arg("flash-sale")
         .args(args)
         .output()

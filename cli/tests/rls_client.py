@@ -1,4 +1,4 @@
-"""A real gRPC client of Envoy's Rate Limit Service (RLS v3), for tests/rls.rs.
+"""A real gRPC client of Envoy's Rate Limit Service (RLS v3), for cli/tests/rls.rs.
 
 It speaks to `tokenlease serve --grpc-listen` with grpcio and the stubs of Envoy's data-plane API that the gRPC
 authors publish on PyPI (xds-protos), as a gateway of another ecosystem would. It knows nothing of tokenlease.

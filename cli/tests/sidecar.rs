@@ -3,6 +3,7 @@
 //! its slot back, an oversized body is refused before it is sent, and a SIGHUP reload parses off the request path.
 //! Each test runs the real `tokenlease serve` process and talks to it over raw TCP.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::{ErrorKind, Read, Write};

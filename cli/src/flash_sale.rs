@@ -75,7 +75,7 @@ pub(crate) fn load_config(path: &PathBuf, redis: Option<&str>) -> Result<Config,
     let mut config = if path.exists() {
         Config::from_path(path).map_err(|e| e.to_string())?
     } else {
-        Config::from_toml(include_str!("../../../config.toml")).map_err(|e| e.to_string())?
+        Config::from_toml(include_str!("../../config.toml")).map_err(|e| e.to_string())?
     };
     match (redis, config.redis.as_mut()) {
         (Some("memory"), _) => config.redis = None,

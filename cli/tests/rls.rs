@@ -1,8 +1,9 @@
 //! `tokenlease serve --grpc-listen` answers Envoy's Rate Limit Service (RLS v3; issue 13, item 1) to a real client
-//! of another ecosystem: Python grpcio with the Envoy API stubs the gRPC authors publish (tests/rls_client.py,
+//! of another ecosystem: Python grpcio with the Envoy API stubs the gRPC authors publish (cli/tests/rls_client.py,
 //! installed into a venv by scripts/rls-client.sh), against the real binary on the in-process store and on a real
 //! redis-server with a leased rule.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};
@@ -18,7 +19,7 @@ use serde_json::{json, Value};
 fn python() -> PathBuf {
     static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let installed = PYTHON.get_or_init(|| {
-        let root = env!("CARGO_MANIFEST_DIR");
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
         let out = Command::new("bash")
             .arg(format!("{root}/scripts/rls-client.sh"))
             .stdin(Stdio::null())
@@ -96,7 +97,7 @@ impl Serve {
         Some(answer)
     }
 
-    /// Sends `requests` (see tests/rls_client.py) one after the other with the Python client; its answers.
+    /// Sends `requests` (see cli/tests/rls_client.py) one after the other with the Python client; its answers.
     fn ask(&self, requests: &Value) -> Vec<Value> {
         let mut client = Command::new(python())
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/rls_client.py"))

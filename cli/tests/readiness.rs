@@ -4,6 +4,7 @@
 //! `maxmemory-policy` that may evict limiter keys is a warning, a gauge and a readiness note, and with
 //! `require_noeviction = true` a start-up error of `serve` and `flash-sale`.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::Read;
