@@ -172,7 +172,8 @@ impl Compiled {
 
     /// Adds the decisions a key's shards counted to the metrics (a shadow rule's refusals as `shadow_rejected`).
     pub(crate) fn flush(&self, counts: Counts) {
-        self.metrics.local_decisions(counts, self.rule.shadow);
+        self.metrics
+            .local_decisions(counts.allowed, counts.refused, self.rule.shadow);
     }
 
     /// Counts a decision and applies shadow mode: a shadow rule's refusal is counted as `shadow_rejected` and

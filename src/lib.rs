@@ -29,6 +29,8 @@ pub use config::{
 };
 pub use decision::{Decision, Permit, Source};
 pub use error::{ConfigError, Error, StoreError, StoreErrorKind};
-pub use limiter::{Limiter, LimiterBuilder, LimiterStats, Readiness, RuleHandle};
+pub use limiter::handle::RuleHandle;
+pub use limiter::health::Readiness;
+pub use limiter::{Limiter, LimiterBuilder, LimiterStats};
 pub use rule::{Algorithm, Calendar, FailMode, Lease, Override, Quota, Rule, Zone};
 pub use store::{BoxFuture, MemoryStore, RedisStore, Store};

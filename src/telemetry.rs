@@ -248,15 +248,15 @@ impl RuleMetrics {
         }
     }
 
-    /// Decisions a key's shards counted on the hot path (source `local`); a `shadow` rule's refusals were
-    /// turned into allowances.
-    pub(crate) fn local_decisions(&self, counts: crate::lease::shards::Counts, shadow: bool) {
+    /// Decisions a key's shards counted on the hot path (source `local`): `allowed` and `refused`; a `shadow`
+    /// rule's refusals were turned into allowances.
+    pub(crate) fn local_decisions(&self, allowed: u64, refused: u64, shadow: bool) {
         let i = Source::Local as usize;
-        self.allowed[i].increment(counts.allowed);
+        self.allowed[i].increment(allowed);
         if shadow {
-            self.shadow_rejected[i].increment(counts.refused);
+            self.shadow_rejected[i].increment(refused);
         } else {
-            self.rejected[i].increment(counts.refused);
+            self.rejected[i].increment(refused);
         }
     }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::FieldError;
+use crate::rule::FieldError;
 
 /// `[rule.rls]` as written in the file.
 #[derive(Debug, Clone, Deserialize)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::FieldError;
+use crate::rule::FieldError;
 
 /// `[serve]`: where the sidecar listens and its bounds on connections. Read when `tokenlease serve` starts; its
 /// `--listen` and `--grpc-listen` flags override the addresses.

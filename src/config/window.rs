@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::FieldError;
+use crate::rule::FieldError;
 use crate::rule::{parse_utc_offset, Calendar, Zone};
 
 /// `reset`: what a calendar window's length is a whole number of.

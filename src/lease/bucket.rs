@@ -23,6 +23,9 @@ use crate::clock::nanos;
 use crate::error::FailReason;
 use crate::rule::Lease;
 
+/// How long a "never" from the shared bucket is cached locally before asking again.
+pub(crate) const NEVER_RECHECK: Duration = Duration::from_secs(1);
+
 /// The deadline of no batch: nothing to expire.
 const NO_DEADLINE: u64 = u64::MAX;
 
@@ -419,7 +422,7 @@ impl LocalBucket {
     pub(crate) fn refused_by_store(&self, reply: &Reply, now_ns: u64) {
         let retry_after = crate::decision::from_protocol_ms(reply.retry_after_ms);
         let reset_after = crate::decision::from_protocol_ms(reply.reset_after_ms);
-        self.refused(retry_after, super::engine::NEVER_RECHECK, reset_after, now_ns);
+        self.refused(retry_after, NEVER_RECHECK, reset_after, now_ns);
     }
 
     /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::bucket::{LocalBucket, Take};
+use super::bucket::{LocalBucket, Take, NEVER_RECHECK};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{nanos, Clock, Recent};
@@ -20,9 +20,6 @@ use crate::rule::{Algorithm, Lease};
 use crate::store::call::{store_key, Call};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
-
-/// How long a "never" from the shared bucket is cached locally before asking again.
-pub(crate) const NEVER_RECHECK: Duration = Duration::from_secs(1);
 
 /// The retry_after of a caller refused because the lease it waited for is slow.
 const SLOW_LEASE_RETRY: Duration = Duration::from_millis(1);

@@ -43,3 +43,33 @@ impl RuleHandle {
         limiter.decide(&self.compiled, key, cost).await
     }
 }
+
+impl Limiter {
+    /// A handle on `rule` that checks without looking the rule up by name: [`RuleHandle::check`] costs one
+    /// hash lookup (the key's). It follows reloads.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokenlease::Error> {
+    /// use std::time::Duration;
+    /// use tokenlease::{Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::token_bucket("sku_buy", 2000, 1000, Duration::from_secs(1))?)
+    ///     .build()?;
+    /// let sku_buy = limiter.rule("sku_buy")?;
+    /// assert!(sku_buy.check("sku:42", 1).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::UnknownRule`].
+    pub fn rule(&self, rule: &str) -> Result<RuleHandle, Error> {
+        let compiled = self.inner.rules.load().get(rule).cloned();
+        let compiled = compiled.ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+        Ok(RuleHandle {
+            limiter: self.clone(),
+            compiled,
+        })
+    }
+}

@@ -26,15 +26,13 @@ use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
 use crate::store::call::{store_key, Call, Members};
 
 mod builder;
-mod handle;
-mod health;
+pub(crate) mod handle;
+pub(crate) mod health;
 mod inspect;
 mod lifecycle;
 mod reload;
 
 pub use builder::LimiterBuilder;
-pub use handle::RuleHandle;
-pub use health::Readiness;
 
 /// Rules built in code that are compiled once and kept; beyond this many, each call compiles its rule.
 const MAX_ADHOC_RULES: usize = 1024;
@@ -156,34 +154,6 @@ impl Limiter {
             },
         };
         decision.map(|a| compiled.shadowed(a.decision()))
-    }
-
-    /// A handle on `rule` that checks without looking the rule up by name: [`RuleHandle::check`] costs one
-    /// hash lookup (the key's). It follows reloads.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tokenlease::Error> {
-    /// use std::time::Duration;
-    /// use tokenlease::{Limiter, Rule};
-    ///
-    /// let limiter = Limiter::builder()
-    ///     .rule(Rule::token_bucket("sku_buy", 2000, 1000, Duration::from_secs(1))?)
-    ///     .build()?;
-    /// let sku_buy = limiter.rule("sku_buy")?;
-    /// assert!(sku_buy.check("sku:42", 1).await?.allowed);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::UnknownRule`].
-    pub fn rule(&self, rule: &str) -> Result<RuleHandle, Error> {
-        let compiled = self.inner.rules.load().get(rule).cloned();
-        let compiled = compiled.ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
-        Ok(RuleHandle {
-            limiter: self.clone(),
-            compiled,
-        })
     }
 
     async fn decide(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Decision, Error> {

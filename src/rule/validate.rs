@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::algorithm::{TokenBucket, MAX_EXACT};
 
-use super::Lease;
+use super::lease::Lease;
 
 /// A field's name and what is wrong with its value.
 pub(crate) type FieldError = (&'static str, String);

@@ -208,7 +208,7 @@ fn at_risk(readings: &HashMap<String, Reading>) -> Option<(&str, &str)> {
 /// [`Error::Store`] when a server (or every Sentinel) cannot be reached: the check needs Redis up at start. A
 /// server that refuses `CONFIG` is a warning, not an error.
 pub(crate) fn require_noeviction(redis: &RedisConfig) -> Result<(), Error> {
-    super::connect::install_crypto_provider();
+    super::target::install_crypto_provider();
     let timeout = redis.timeout.saturating_mul(10).max(Duration::from_secs(1));
     let joined = std::thread::scope(|scope| {
         scope
@@ -232,14 +232,14 @@ async fn check_servers(redis: &RedisConfig, timeout: Duration) -> Result<(), Err
         .map_err(|(field, why)| io_error(format!("`{field}` {why}")))?;
     let tls = tls.as_ref();
     if let Some(sentinel) = &redis.sentinel {
-        let master = super::connect::resolve_master(&sentinel.nodes, &sentinel.master_name, tls, timeout).await;
+        let master = super::target::resolve_master(&sentinel.nodes, &sentinel.master_name, tls, timeout).await;
         servers.push(master.map_err(|e| io_error(format!("cannot find the master through Sentinel: {e}")))?);
     }
     for url in std::iter::once(&redis.url)
         .filter(|u| !u.is_empty())
         .chain(&redis.cluster)
     {
-        let info = super::connect::connection_info(url, tls)
+        let info = super::target::connection_info(url, tls)
             .map_err(|e| io_error(format!("`{}`: {e}", crate::config::redact_url(url))))?;
         servers.push(info);
     }

@@ -19,6 +19,7 @@ pub(crate) mod guarded;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod script;
+mod target;
 #[cfg(test)]
 mod tests;
 mod version;

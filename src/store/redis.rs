@@ -14,8 +14,9 @@ use redis::TlsCertificates;
 use tokio::sync::watch;
 
 use super::call::{Arg, Call, Script};
-use super::connect::{self, tcp_settings, Single, Target};
+use super::connect::{self, Single};
 use super::eviction::EvictionWatch;
+use super::target::{self, tcp_settings, Target};
 use super::{BoxFuture, Store};
 use crate::algorithm::Reply;
 use crate::config::RedisConfig;
@@ -109,7 +110,7 @@ fn connect_error(message: String, source: Option<redis::RedisError>) -> StoreErr
 
 /// The running tokio runtime (and rustls's crypto provider installed, for `rediss://`).
 fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
-    connect::install_crypto_provider();
+    target::install_crypto_provider();
     tokio::runtime::Handle::try_current()
         .map_err(|_| connect_error("a Redis store must be created inside a tokio runtime".into(), None))
 }
@@ -151,7 +152,7 @@ impl RedisStore {
     fn connect_url(url: &str, timeout: Duration, tls: Option<&TlsCertificates>) -> Result<Self, StoreError> {
         let runtime = runtime()?;
         let err = |e: redis::RedisError| connect_error(e.to_string(), Some(e));
-        let client = redis::Client::open(connect::connection_info(url, tls).map_err(err)?).map_err(err)?;
+        let client = redis::Client::open(target::connection_info(url, tls).map_err(err)?).map_err(err)?;
         Ok(Self::single(&runtime, Target::Url(Box::new(client)), timeout))
     }
 
@@ -222,7 +223,7 @@ impl RedisStore {
             .map_err(|e| connect_error(e.to_string(), Some(e)))?;
         let infos = nodes
             .iter()
-            .map(|n| connect::connection_info(n, tls))
+            .map(|n| target::connection_info(n, tls))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| connect_error(e.to_string(), Some(e)))?;
         let eviction = Arc::new(EvictionWatch::default());
@@ -255,7 +256,7 @@ impl RedisStore {
     /// [`Self::connect_sentinel`] behind Sentinel) and does not read the server's `maxmemory-policy`. Scripts
     /// need no loading: each call is an `EVALSHA`, and an `EVAL` on `NOSCRIPT`.
     pub fn from_connection_manager(manager: ConnectionManager, timeout: Duration) -> Self {
-        connect::install_crypto_provider();
+        target::install_crypto_provider();
         let eviction = Arc::new(EvictionWatch::default());
         Self::with_conn(Conn::Single(Single::fixed(manager)), timeout, eviction)
     }
@@ -283,7 +284,7 @@ impl RedisStore {
     /// [`Self::from_cluster_client`]; it follows `MOVED` and `ASK` and refreshes its slot map by itself. The
     /// store does not read the nodes' `maxmemory-policy`.
     pub fn from_cluster_connection(connection: ClusterConnection, timeout: Duration) -> Self {
-        connect::install_crypto_provider();
+        target::install_crypto_provider();
         // `wait_for` sees the connection already there, so the sender may go at once.
         let (_, conn) = watch::channel(Some(connection));
         Self::with_conn(Conn::Cluster(conn), timeout, Arc::new(EvictionWatch::default()))
