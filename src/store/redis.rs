@@ -380,23 +380,12 @@ impl RedisStore {
         let started = Instant::now();
         let timeout = call.timeout.unwrap_or(self.timeout);
         let name = call.script().name();
-        let result = self
-            .on_connection(name, timeout, async |conn| {
-                invocation.invoke_async::<Vec<i64>>(conn).await
-            })
+        let outcome = self
+            .on_connection(name, timeout, async |conn| invocation.invoke_async::<Reply>(conn).await)
             .await;
         if let Some(m) = metrics {
             m.duration.record(started.elapsed().as_secs_f64());
         }
-        let outcome = result.and_then(|values| match <[i64; 4]>::try_from(values) {
-            Ok(v) => Ok(Reply::from_wire(v)),
-            Err(v) => Err(StoreError {
-                kind: StoreErrorKind::Other,
-                script: name,
-                message: format!("expected 4 integers, got {v:?}"),
-                source: None,
-            }),
-        });
         match &outcome {
             Ok(_) => self.eviction.condition.answered(),
             Err(e) => {
@@ -412,6 +401,18 @@ impl RedisStore {
     /// The probe's timeout: the call timeout, at least 200 ms.
     fn probe_timeout(&self) -> Duration {
         self.timeout.max(Duration::from_millis(200))
+    }
+}
+
+/// A script's reply as the redis crate reads any value: the Lua protocol's four integers (docs/ARCHITECTURE.md,
+/// "The Lua protocol"), anything else a parsing error (a store error of kind `other`).
+impl redis::FromRedisValue for Reply {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let values = Vec::<i64>::from_redis_value(v)?;
+        match <[i64; 4]>::try_from(values) {
+            Ok(wire) => Ok(Reply::from_wire(wire)),
+            Err(values) => Err(format!("a script reply of 4 integers, got {values:?}").into()),
+        }
     }
 }
 
@@ -470,5 +471,30 @@ impl Store for RedisStore {
 
     fn eviction_policy(&self) -> Option<String> {
         self.eviction.policy_at_risk()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::{FromRedisValue, Value};
+
+    use crate::algorithm::Reply;
+
+    #[test]
+    fn a_reply_is_four_integers_and_nothing_else() {
+        let wire = |v: &[i64]| Value::Array(v.iter().map(|&i| Value::Int(i)).collect());
+        let reply = Reply::from_redis_value(wire(&[3, 7, -1, 250])).expect("four integers");
+        assert_eq!(
+            (
+                reply.granted,
+                reply.remaining,
+                reply.retry_after_ms,
+                reply.reset_after_ms
+            ),
+            (3, 7, -1, 250)
+        );
+        let short = Reply::from_redis_value(wire(&[3, 7, -1])).expect_err("three integers");
+        assert!(short.to_string().contains("4 integers"), "{short}");
+        assert!(Reply::from_redis_value(Value::SimpleString("OK".into())).is_err());
     }
 }
