@@ -330,7 +330,7 @@ impl Rule {
     }
 
     /// A sliding-window counter rule (seed 004): at most `limit` tokens in the last `sub_buckets` sub-buckets
-    /// of `window / sub_buckets` each; memory O(sub_buckets) per key; approximate (see the README).
+    /// of `window / sub_buckets` each; memory O(sub_buckets) per key; approximate (docs/BENCHMARKS.md, the table of algorithms).
     ///
     /// # Errors
     /// As [`Rule::sliding_log`]; also `sub_buckets` when it is 0, above 1000 or does not divide the window.
