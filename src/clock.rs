@@ -202,7 +202,21 @@ impl Drop for Recent {
     }
 }
 
-/// Nanoseconds of a duration, saturating ([`Duration::MAX`], "never", stays the largest: `u64::MAX`).
+/// "Never" in the nanoseconds the hot path counts in: a wait that never ends, a deadline that never comes. It is
+/// [`Duration::MAX`] at the public boundary ([`crate::Decision`]) and `-1` in the Lua protocol; [`nanos`] and
+/// [`duration`] map one onto the other.
+pub(crate) const NEVER_NS: u64 = u64::MAX;
+
+/// Nanoseconds of a duration, saturating: [`Duration::MAX`], "never", is [`NEVER_NS`].
 pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    u64::try_from(d.as_nanos()).unwrap_or(NEVER_NS)
+}
+
+/// The duration of `ns` nanoseconds: [`NEVER_NS`] is [`Duration::MAX`], "never".
+pub(crate) fn duration(ns: u64) -> Duration {
+    if ns == NEVER_NS {
+        Duration::MAX
+    } else {
+        Duration::from_nanos(ns)
+    }
 }

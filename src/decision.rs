@@ -1,8 +1,10 @@
 //! What a check answers: a [`Decision`] (a refusal is a decision, not an error), a [`Permit`] for a paced job,
 //! and the [`Source`] that made either.
 //!
-//! "Never" has one encoding on this side of the store protocol: [`Duration::MAX`]. The scripts' `-1` becomes it
-//! in [`from_protocol_ms`], the only place that reads the protocol's milliseconds.
+//! "Never" has one encoding at each boundary: `-1` in the Lua protocol ([`NEVER`]), [`Duration::MAX`] in the
+//! public types, and `crate::clock::NEVER_NS` in the nanoseconds the hot path counts in. The scripts' `-1`
+//! becomes [`Duration::MAX`] in [`from_protocol_ms`], the only place that reads the protocol's milliseconds;
+//! `clock::nanos` and `clock::duration` map [`Duration::MAX`] and `NEVER_NS` onto each other.
 
 use std::time::Duration;
 

@@ -19,15 +19,12 @@ use tokio::sync::Notify;
 
 use super::shards::{Counts, Shards};
 use crate::algorithm::{Reply, TokenBucket};
-use crate::clock::nanos;
+use crate::clock::{nanos, NEVER_NS};
 use crate::error::FailReason;
 use crate::rule::Lease;
 
 /// How long a "never" from the shared bucket is cached locally before asking again.
 pub(crate) const NEVER_RECHECK: Duration = Duration::from_secs(1);
-
-/// The deadline of no batch: nothing to expire.
-const NO_DEADLINE: u64 = u64::MAX;
 
 /// A batch of tokens and the time by which they must be spent.
 #[derive(Debug, Clone, Copy)]
@@ -87,7 +84,7 @@ pub(crate) struct LocalBucket {
     pub lease: Lease,
     /// Tokens that may be spent now, in per-core shards.
     tokens: Shards,
-    /// Earliest deadline of a batch holding tokens; [`NO_DEADLINE`] when none.
+    /// Earliest deadline of a batch holding tokens; [`NEVER_NS`] when none.
     next_deadline_ns: AtomicU64,
     /// The shared bucket said "empty": refuse locally until then.
     exhausted_until_ns: AtomicU64,
@@ -122,7 +119,7 @@ pub(crate) struct LocalBucket {
 pub(crate) enum Take {
     /// Taken; tokens left in this process.
     Taken { remaining: u64 },
-    /// The shared bucket is empty for `retry_ns` from now (`u64::MAX`: never).
+    /// The shared bucket is empty for `retry_ns` from now ([`NEVER_NS`]: never).
     Exhausted { retry_ns: u64 },
     /// Too few tokens here: a lease is needed.
     Empty,
@@ -137,7 +134,7 @@ impl LocalBucket {
             bucket,
             lease,
             tokens: Shards::default(),
-            next_deadline_ns: AtomicU64::new(NO_DEADLINE),
+            next_deadline_ns: AtomicU64::new(NEVER_NS),
             exhausted_until_ns: AtomicU64::new(0),
             exhausted_never: AtomicBool::new(false),
             failing_until_ns: AtomicU64::new(0),
@@ -224,7 +221,7 @@ impl LocalBucket {
         let until = self.exhausted_until_ns.load(Ordering::Acquire);
         if now_ns < until {
             let never = self.exhausted_never.load(Ordering::Relaxed);
-            let retry_ns = if never { u64::MAX } else { until - now_ns };
+            let retry_ns = if never { NEVER_NS } else { until - now_ns };
             self.tokens.refused();
             return Take::Exhausted { retry_ns };
         }
@@ -468,7 +465,7 @@ impl LocalBucket {
         let mut book = self.lock();
         self.retired.store(true, Ordering::Release);
         book.batches.clear();
-        self.next_deadline_ns.store(NO_DEADLINE, Ordering::Release);
+        self.next_deadline_ns.store(NEVER_NS, Ordering::Release);
         self.tokens.drain()
     }
 
@@ -509,7 +506,7 @@ impl LocalBucket {
     }
 
     fn publish_deadline(&self, book: &Book) {
-        let next = book.batches.front().map_or(NO_DEADLINE, |b| b.deadline_ns);
+        let next = book.batches.front().map_or(NEVER_NS, |b| b.deadline_ns);
         self.next_deadline_ns.store(next, Ordering::Release);
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::bucket::{LocalBucket, Take, NEVER_RECHECK};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
-use crate::clock::{nanos, Clock, Recent};
+use crate::clock::{duration, nanos, Clock, Recent};
 use crate::compiled::Compiled;
 use crate::config::ProcessConfig;
 use crate::decision::{Decision, Source};
@@ -44,7 +44,7 @@ pub(crate) struct Engine {
 pub(crate) struct Answer {
     allowed: bool,
     remaining: u64,
-    /// ns; `u64::MAX`: never.
+    /// ns; [`crate::clock::NEVER_NS`]: never.
     retry_ns: u64,
     reset_ns: u64,
 }
@@ -53,11 +53,7 @@ impl Answer {
     /// The decision (`source = local`).
     #[inline(always)]
     pub(crate) fn decision(self) -> Decision {
-        let retry_after = if self.retry_ns == u64::MAX {
-            Duration::MAX
-        } else {
-            Duration::from_nanos(self.retry_ns)
-        };
+        let retry_after = duration(self.retry_ns);
         Decision {
             allowed: self.allowed,
             remaining: self.remaining,
