@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{redact_url, FieldError};
+use super::redact_url;
+use crate::rule::FieldError;
 use crate::rule::{positive, FailMode};
 
 /// `[redis]`. Its `Debug` shows the URLs with their passwords redacted ([`redact_url`]).

@@ -10,7 +10,8 @@ use redis::{ClientTlsConfig, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::{redact_url, FieldError, RedisConfig};
+use super::{redact_url, RedisConfig};
+use crate::rule::FieldError;
 
 impl RedisConfig {
     /// The certificates the `tls_*` files give, read and parsed now; `None` when none is set (a `rediss://`

@@ -17,9 +17,11 @@
 //! lease in flight is refused locally by the lease engine (invariant 13).
 
 mod queue;
+mod queue_mode;
 mod settle;
 mod share;
 mod windows;
+mod windows_mode;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

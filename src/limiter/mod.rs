@@ -25,14 +25,12 @@ use crate::queue::Queue;
 use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
 use crate::store::call::{store_key, Call, Members};
 
-mod builder;
+pub(crate) mod builder;
 pub(crate) mod handle;
 pub(crate) mod health;
 mod inspect;
 mod lifecycle;
 mod reload;
-
-pub use builder::LimiterBuilder;
 
 /// Rules built in code that are compiled once and kept; beyond this many, each call compiles its rule.
 const MAX_ADHOC_RULES: usize = 1024;

@@ -5,14 +5,16 @@
 use std::time::Duration;
 
 use crate::algorithm::fleet::Beat;
-use crate::algorithm::{LeakyBucket, TokenBucket};
+use crate::algorithm::{ms, LeakyBucket, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
-pub(crate) use fleet::roster_key;
+use arg::int;
+pub(crate) use arg::Arg;
 pub(crate) use members::Members;
 pub(crate) use window_charge::ChargedWindow;
 
+mod arg;
 mod fleet;
 mod members;
 mod token_bucket;
@@ -123,25 +125,16 @@ pub struct Call {
     pub(crate) timeout: Option<Duration>,
 }
 
-/// An argument of a script, in `ARGV` order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Arg<'a> {
-    Int(i64),
-    Str(&'a str),
-}
-
 /// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one key in
 /// one Redis Cluster slot.
 pub(crate) fn store_key(prefix: &str, rule: &str, key: &str) -> String {
     format!("{prefix}:{{{rule}:{key}}}")
 }
 
-fn int(v: u64) -> Arg<'static> {
-    Arg::Int(ms(v))
-}
-
-fn ms(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
+/// The roster of `rule` (`fleet.lua`): `{prefix}:fleet:{rule}`. Store keys put `:{` right after the prefix and
+/// rule names hold no `:`, so it is no store key of any (rule, key) pair.
+pub(crate) fn roster_key(prefix: &str, rule: &str) -> String {
+    format!("{prefix}:fleet:{{{rule}}}")
 }
 
 impl Call {

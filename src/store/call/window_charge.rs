@@ -1,7 +1,8 @@
 //! The typed arguments of `window_charge.lua`: which window a charge writes to, and its `ARGV` (see the
 //! script's header).
 
-use super::{int, ms, Arg};
+use super::arg::{int, Arg};
+use crate::algorithm::ms;
 use crate::rule::{Algorithm, Calendar};
 
 /// The window rule a [`Op::WindowCharge`] writes to, with the parameters of its decisions (ms and tokens).
