@@ -9,6 +9,7 @@ mod background;
 mod clock;
 mod compiled;
 mod config;
+mod decide;
 mod decision;
 mod error;
 mod fallback;

@@ -17,7 +17,7 @@ use crate::decision::{Decision, Source};
 use crate::error::FailReason;
 use crate::fallback::{Fallback, Unsettled};
 use crate::rule::{Algorithm, Lease};
-use crate::store::call::{store_key, Call};
+use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
 
@@ -37,6 +37,8 @@ pub(crate) struct Engine {
     pub(crate) process: ProcessConfig,
     pub(crate) leased_tokens: AtomicU64,
     pub(crate) returned_tokens: AtomicU64,
+    /// Unique members of direct sliding-log and leaky-bucket calls.
+    pub(crate) members: Arc<Members>,
 }
 
 /// A decision made from leased tokens, in plain integers.
@@ -191,7 +193,7 @@ impl Engine {
     /// lease wait; when leases keep arriving but other callers spend them first, it is refused briefly, locally.
     /// Returns the decision and whether the key's shards counted it already (else the caller records it);
     /// `None` when the key is not hot: decide it by one store call.
-    pub(crate) async fn check(
+    pub(crate) async fn check_hot(
         self: &Arc<Self>,
         compiled: &Arc<Compiled>,
         bucket: &TokenBucket,

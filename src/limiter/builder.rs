@@ -158,6 +158,7 @@ impl LimiterBuilder {
             process: self.process,
             leased_tokens: AtomicU64::new(0),
             returned_tokens: AtomicU64::new(0),
+            members,
         });
         let inner = Arc::new(Inner {
             rules: ArcSwap::from_pointee(rules),
@@ -166,7 +167,6 @@ impl LimiterBuilder {
             redis: self.redis,
             engine,
             queue,
-            members,
         });
         // Registered at 0 now, so a scrape shows it before the first sweep.
         telemetry::local_keys(0);

@@ -29,18 +29,14 @@ impl RuleHandle {
     /// # Errors
     /// As [`Limiter::check`]; [`Error::UnknownRule`] once a reload removed the rule.
     pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        let limiter = &self.limiter;
         if self.compiled.is_retired() {
-            return limiter.check(self.name(), key, cost).await;
+            return self.limiter.check(self.name(), key, cost).await;
         }
-        if limiter.inner.engine.background.is_closed() {
-            return Err(Error::ShutDown);
-        }
-        limiter.validate(&self.compiled, key, cost)?;
-        if let Some(decision) = limiter.decide_locally(&self.compiled, key, cost) {
+        let engine = &self.limiter.inner.engine;
+        if let Some(decision) = engine.decide_now(&self.compiled, key, cost)? {
             return Ok(decision);
         }
-        limiter.decide(&self.compiled, key, cost).await
+        engine.decide(&self.compiled, key, cost).await
     }
 }
 

@@ -1,11 +1,8 @@
 //! Looking at a key without deciding it, and forgetting it: [`Limiter::peek`] (cost 0) and [`Limiter::reset`].
 
 use super::Limiter;
-use crate::compiled::Compiled;
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::lease::engine::unleased;
-use crate::rule::Algorithm;
 use crate::store::call::{store_key, Call};
 
 impl Limiter {
@@ -39,30 +36,9 @@ impl Limiter {
     /// the store fails or times out; [`Error::ShutDown`] after [`Limiter::shutdown`].
     pub async fn peek(&self, rule: &str, key: &str) -> Result<Decision, Error> {
         let compiled = self.compiled(rule)?;
-        self.validate(&compiled, key, 0)?;
-        self.peek_compiled(&compiled, key).await
-    }
-
-    /// The peek of a validated call.
-    pub(super) async fn peek_compiled(&self, compiled: &Compiled, key: &str) -> Result<Decision, Error> {
         let engine = &self.inner.engine;
-        let algorithm = match compiled.rule.algorithm_for(key) {
-            Algorithm::TokenBucket {
-                bucket, lease: Some(_), ..
-            } => unleased(bucket),
-            algorithm => algorithm.clone(),
-        };
-        let key_in_store = store_key(&engine.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(&algorithm, &key_in_store, 0, 1, &self.inner.members);
-        let reply = engine.store.run(&call).await?;
-        let mut decision = Decision::from_peek(&reply, engine.store.source());
-        let held = compiled.leases.get(key).map_or(0, |local| local.available());
-        if held > 0 {
-            decision.remaining = decision.remaining.saturating_add(held);
-            decision.allowed = true;
-            decision.retry_after = std::time::Duration::ZERO;
-        }
-        Ok(decision)
+        engine.validate(&compiled, key, 0)?;
+        engine.peek(&compiled, key).await
     }
 
     /// Forgets `key` under `rule`: its shared state (bucket, log, window or queue) and its ban are deleted, so
@@ -91,7 +67,7 @@ impl Limiter {
     /// As [`Limiter::peek`].
     pub async fn reset(&self, rule: &str, key: &str) -> Result<(), Error> {
         let compiled = self.compiled(rule)?;
-        self.validate(&compiled, key, 0)?;
+        self.inner.engine.validate(&compiled, key, 0)?;
         if let Some((_, local)) = compiled.leases.remove(key) {
             // Retired: a lease in flight that lands later goes straight back.
             local.drain();

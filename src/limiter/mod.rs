@@ -1,9 +1,9 @@
 //! The [`Limiter`]: one facade over the rules, the lease engine, the store, the fail modes and the queues.
 //!
-//! `check` borrows its rule from the current snapshot and, for a leased rule, answers from the key's local
-//! bucket (`lease/engine.rs`); other rules run one store call (`store/guarded.rs`), decided by the rule's
-//! `fail_mode` when the store fails (`fallback.rs`). `acquire` waits in a queue (`queue.rs`). Building, reloading
-//! and shutting down live beside this file.
+//! `check` borrows its rule from the current snapshot and hands it to the one path of a decision (`decide.rs`):
+//! a leased rule's key answered from its local bucket (`lease/engine.rs`), other rules by one store call
+//! (`store/guarded.rs`), the rule's `fail_mode` deciding when the store fails (`fallback/`). `acquire` waits in a
+//! queue (`queue.rs`). Building, reloading and shutting down live beside this file.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -16,14 +16,11 @@ use dashmap::DashMap;
 use crate::compiled::Compiled;
 use crate::config::RedisConfig;
 use crate::decision::{Decision, Permit, Source};
-use crate::error::{Error, FailReason, StoreError};
-use crate::fallback::Unsettled;
-use crate::lease::bucket::LocalBucket;
-use crate::lease::engine::{unleased, Engine};
-use crate::lease::nearby;
+use crate::error::{Error, StoreError};
+use crate::lease::engine::Engine;
 use crate::queue::Queue;
-use crate::rule::{self, Algorithm, FailMode, Quota, Rule};
-use crate::store::call::{store_key, Call, Members};
+use crate::rule::{self, FailMode, Quota, Rule};
+use crate::store::call::store_key;
 
 pub(crate) mod builder;
 pub(crate) mod handle;
@@ -69,8 +66,6 @@ struct Inner {
     redis: Option<RedisConfig>,
     engine: Arc<Engine>,
     queue: Queue,
-    /// Unique members of direct sliding-log and leaky-bucket calls.
-    members: Arc<Members>,
 }
 
 /// A distributed rate limiter: rules from config or code, decided by a [`crate::Store`] (Redis or in process),
@@ -108,105 +103,18 @@ impl Limiter {
     /// [`Error::CostAboveCapacity`] when the cost can never be granted; [`Error::ShutDown`] after
     /// [`Limiter::shutdown`].
     pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
-        if self.inner.engine.background.is_closed() {
-            return Err(Error::ShutDown);
-        }
+        let engine = &self.inner.engine;
         // The hot path borrows the rule and the key's local bucket: no reference count is touched, so threads
         // deciding on one hot key share only the map shard's read lock (the tokens are in per-core shards).
         let compiled = {
             let rules = self.inner.rules.load();
             let compiled = rules.get(rule).ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
-            self.validate(compiled, key, cost)?;
-            if let Some(decision) = self.decide_locally(compiled, key, cost) {
+            if let Some(decision) = engine.decide_now(compiled, key, cost)? {
                 return Ok(decision);
             }
             compiled.clone()
         };
-        self.decide(&compiled, key, cost).await
-    }
-
-    /// The hot path of a check (validated): decides from the key's leased tokens when it has them.
-    #[inline]
-    fn decide_locally(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Option<Decision> {
-        if !compiled.leased || cost == 0 {
-            return None;
-        }
-        let engine = &self.inner.engine;
-        let now = engine.recent.now_ns();
-        let decide = |local: &Arc<LocalBucket>| {
-            if local.has_expired(now) {
-                return None;
-            }
-            engine.answer_locally(compiled, local, cost, now)
-        };
-        // This thread's cache first: the map's shard lock is a line every deciding thread writes.
-        let rule = compiled.generation;
-        let decision = match nearby::with(rule, key, decide) {
-            Some(decision) => decision,
-            None => match compiled.leases.get(key) {
-                Some(local) => {
-                    nearby::put(rule, local.value());
-                    decide(local.value())
-                }
-                None => None,
-            },
-        };
-        decision.map(|a| compiled.shadowed(a.decision()))
-    }
-
-    async fn decide(&self, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Result<Decision, Error> {
-        if cost == 0 {
-            return self.peek_compiled(compiled, key).await;
-        }
-        let decision = match compiled.rule.algorithm_for(key) {
-            Algorithm::TokenBucket {
-                bucket,
-                lease: Some(lease),
-                ..
-            } => match self.inner.engine.check(compiled, bucket, lease, key, cost).await {
-                // A hot key: decided from its leased tokens (and counted by its shards), or by the fail mode.
-                Some((decision, true)) => return Ok(compiled.shadowed(decision)),
-                Some((decision, false)) => decision,
-                // A cold one: one store call, as without a lease; hot at once if the fleet spends its bucket.
-                None => {
-                    let decision = self.check_store(compiled, &unleased(bucket), key, cost).await;
-                    if decision.source != Source::Fallback {
-                        let engine = &self.inner.engine;
-                        engine.heat_up(compiled, (bucket, lease), key, cost, decision.remaining);
-                    }
-                    decision
-                }
-            },
-            algorithm => self.check_store(compiled, algorithm, key, cost).await,
-        };
-        Ok(compiled.record(decision))
-    }
-
-    /// One store call deciding `cost` tokens of `key` (a leaky bucket answers whether a slot is free now: a
-    /// check never waits); the rule's fail mode decides when the store fails.
-    async fn check_store(&self, compiled: &Compiled, algorithm: &Algorithm, key: &str, cost: u64) -> Decision {
-        let engine = &self.inner.engine;
-        let store_key = store_key(&engine.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(algorithm, &store_key, cost, 1, &self.inner.members);
-        // What fail_mode local admitted alone is charged first, so this call's answer counts it (invariant 12).
-        match engine
-            .fallback
-            .run((compiled.fail_mode, algorithm), &store_key, &call)
-            .await
-        {
-            Ok(reply) => Decision::from_reply(&reply, cost, engine.store.source()),
-            Err(Unsettled::Failed(error)) => {
-                tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
-                let reason = FailReason::of(&error);
-                engine.fallback.decide(compiled, algorithm, &store_key, cost, reason)
-            }
-            // A charge of the key is in flight, or it was just charged and the other processes have yet to
-            // charge theirs: an answer now would not count them.
-            Err(wait) => {
-                let retry = wait.retry_after().unwrap_or(Duration::from_millis(1));
-                Decision::bare(false, retry, Source::Local)
-            }
-        }
+        engine.decide(&compiled, key, cost).await
     }
 
     /// Like [`Limiter::check`], for a rule built in code rather than configured (compiled once and cached by
@@ -231,9 +139,6 @@ impl Limiter {
     /// # Errors
     /// As [`Limiter::check`], but never [`Error::UnknownRule`].
     pub async fn check_rule(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, Error> {
-        if self.inner.engine.background.is_closed() {
-            return Err(Error::ShutDown);
-        }
         let compiled = match self.inner.adhoc.get(rule) {
             Some(c) => c.clone(),
             None => {
@@ -246,8 +151,11 @@ impl Limiter {
                 c
             }
         };
-        self.validate(&compiled, key, cost)?;
-        self.decide(&compiled, key, cost).await
+        let engine = &self.inner.engine;
+        if let Some(decision) = engine.decide_now(&compiled, key, cost)? {
+            return Ok(decision);
+        }
+        engine.decide(&compiled, key, cost).await
     }
 
     /// The convenience API of a blog post on Redis rate limiting: whether `user_id` may do `action_key` once
@@ -356,47 +264,8 @@ impl Limiter {
         if cost == 0 {
             return Err(rule::invalid(("cost", "must be at least 1 token".into())));
         }
-        self.validate(&compiled, key, cost)?;
+        self.inner.engine.validate(&compiled, key, cost)?;
         self.inner.queue.acquire(&compiled, key, cost, max).await
-    }
-
-    /// Checks a call's key and cost against the process settings and the rule: three comparisons when nothing
-    /// is wrong.
-    #[inline(always)]
-    fn validate(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<(), Error> {
-        let fine = !key.is_empty()
-            && key.len() <= self.inner.engine.process.max_key_bytes
-            && (1..=compiled.min_capacity).contains(&cost);
-        if fine {
-            return Ok(());
-        }
-        self.invalid(compiled, key, cost)
-    }
-
-    /// What is wrong with a call's key or cost, if anything (the per-key capacity of an override included).
-    #[cold]
-    #[inline(never)]
-    fn invalid(&self, compiled: &Compiled, key: &str, cost: u64) -> Result<(), Error> {
-        if key.is_empty() {
-            return Err(rule::invalid(("key", "must not be empty".into())));
-        }
-        let max = self.inner.engine.process.max_key_bytes;
-        if key.len() > max {
-            let reason = format!("is {} bytes, more than the {max} allowed", key.len());
-            return Err(rule::invalid(("key", reason)));
-        }
-        if cost <= compiled.min_capacity {
-            return Ok(());
-        }
-        let capacity = compiled.rule.algorithm_for(key).capacity();
-        if cost > capacity {
-            return Err(Error::CostAboveCapacity {
-                rule: compiled.rule.name.clone(),
-                cost,
-                capacity,
-            });
-        }
-        Ok(())
     }
 
     /// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one
