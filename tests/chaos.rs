@@ -146,6 +146,7 @@ where
     let fault_started = started.elapsed();
     tokio::task::spawn_blocking(fault).await.expect("the fault ran");
     let fault = (fault_started, started.elapsed());
+    // real time: the sale goes on against the healed redis-server.
     tokio::time::sleep(AFTER).await;
     stop.store(true, Ordering::Relaxed);
     while let Some(joined) = tasks.join_next().await {
@@ -263,6 +264,7 @@ async fn kill_9_without_persistence_loses_one_capacity_at_most() {
     let (tx, rx) = std::sync::mpsc::channel();
     let sale = sale(&url, move || {
         server.stop();
+        // real time: Redis is down this long.
         std::thread::sleep(Duration::from_secs(2));
         server.restart();
         let _ = tx.send(server);
@@ -279,6 +281,7 @@ async fn sigstop_2_s() {
     let frozen = server.clone();
     let sale = sale(&server.url(), move || {
         frozen.freeze();
+        // real time: Redis is frozen (SIGSTOP) this long.
         std::thread::sleep(Duration::from_secs(2));
         frozen.thaw();
     })
@@ -294,6 +297,7 @@ async fn client_pause_2_s() {
     let paused = server.clone();
     let sale = sale(&server.url(), move || {
         paused.cmd(&["CLIENT", "PAUSE", "2000", "ALL"]).expect("CLIENT PAUSE");
+        // real time: redis-server's CLIENT PAUSE lasts this long.
         std::thread::sleep(Duration::from_secs(2));
     })
     .await;
@@ -307,6 +311,7 @@ async fn slow_network(one_way: Duration) -> Sale {
     let slowed = proxy.clone();
     sale(&proxy.url(), move || {
         slowed.set_delay(one_way);
+        // real time: the delaying proxy slows the network this long.
         std::thread::sleep(Duration::from_secs(2));
         slowed.set_delay(Duration::ZERO);
     })
@@ -359,6 +364,7 @@ async fn out_of_memory_under_noeviction() {
     let full = server.clone();
     let sale = sale(&server.url(), move || {
         full.cmd(&["CONFIG", "SET", "maxmemory", "1"]).expect("CONFIG SET");
+        // real time: redis-server refuses writes (OOM) this long.
         std::thread::sleep(Duration::from_secs(2));
         full.cmd(&["CONFIG", "SET", "maxmemory", "0"]).expect("CONFIG SET");
     })

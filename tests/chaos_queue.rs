@@ -128,8 +128,8 @@ where
                         }
                         Err(Error::QueueFull { retry_after, .. }) => {
                             refused.fetch_add(1, Ordering::Relaxed);
-                            // real time: the queue is shared with real processes' clocks.
                             let pause = retry_after.clamp(Duration::from_millis(50), Duration::from_millis(200));
+                            // real time: the queue is shared with real processes' clocks.
                             tokio::time::sleep(pause).await;
                         }
                         Err(other) => panic!("acquire failed: {other}"),
@@ -141,6 +141,7 @@ where
     // real time: the fault is done to a real process.
     tokio::time::sleep(BEFORE).await;
     tokio::task::spawn_blocking(fault).await.expect("the fault ran");
+    // real time: the run goes on against the healed redis-server.
     tokio::time::sleep(AFTER).await;
     stop.store(true, Ordering::Relaxed);
     // Callers still waiting for a slot are dropped (their slots go back or leak unused): nothing is released

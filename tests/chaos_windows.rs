@@ -174,6 +174,7 @@ where
     // real time: the fault is done to a real process.
     tokio::time::sleep(BEFORE).await;
     tokio::task::spawn_blocking(fault).await.expect("the fault ran");
+    // real time: the run goes on against the healed redis-server.
     tokio::time::sleep(AFTER).await;
     stop.store(true, Ordering::Relaxed);
     while let Some(joined) = tasks.join_next().await {

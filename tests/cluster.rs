@@ -375,7 +375,7 @@ async fn a_short_timeout_does_not_keep_the_cluster_from_connecting() {
             break;
         }
         assert!(Instant::now() < deadline, "never connected: still {:?}", d.source);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // real time: connecting to the cluster's masters
     }
     limiter.shutdown().await;
 }
@@ -426,6 +426,7 @@ async fn a_master_killed_mid_run_is_replaced_by_its_replica() {
                     }
                     let _ = limiter.check("sku", key, 1).await.expect("check");
                 }
+                // real time: a steady load on the real cluster through the kill -9 and the failover.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         });

@@ -78,7 +78,7 @@ async fn a_policy_that_may_evict_is_reported_when_not_required() {
         if readiness.eviction_policy.is_some() || started.elapsed() > Duration::from_secs(5) {
             break readiness;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // real time: redis-server's CONFIG GET answer
     };
     assert_eq!(readiness.eviction_policy.as_deref(), Some("allkeys-lru"));
     assert!(readiness.ready, "{readiness:?}");

@@ -134,7 +134,7 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
         if d.source == Source::Redis {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // real time: the restarted redis-server
     }
     assert_eq!(sources.last(), Some(&Source::Redis), "never recovered: {sources:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -145,7 +145,7 @@ async fn each_fail_mode_does_what_it_says_and_recovers() {
             break;
         }
         assert!(Instant::now() < deadline, "the leased rule never recovered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // real time: the restarted redis-server
     }
     l.shutdown().await;
 }
@@ -162,7 +162,7 @@ async fn a_limiter_builds_while_redis_is_down() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while timed(&l, "closed", "x").await.source != Source::Redis {
         assert!(Instant::now() < deadline, "never connected");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // real time: the restarted redis-server
     }
 }
 
@@ -308,6 +308,7 @@ async fn the_first_process_back_holds_the_key_until_the_others_have_charged() {
         assert!(!d.allowed, "b sold before a charged: {d:?}");
         held += u32::from(d.source == Source::Local);
         assert!(Instant::now() < deadline, "b never charged");
+        // real time: b reconnects to the restarted redis-server and charges its debt there.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // a charges its 9 too; once both holds are over, 20 − 9 − 9 = 2 are left to sell, in all.
@@ -317,6 +318,7 @@ async fn the_first_process_back_holds_the_key_until_the_others_have_charged() {
         for p in [&a, &b] {
             sold += u32::from(timed(p, "stock", "k").await.allowed);
         }
+        // real time: a's charge reaches redis-server and both holds run out while the two call it.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(sold, 2, "what is left after both charges");

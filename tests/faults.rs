@@ -107,6 +107,7 @@ async fn a_frozen_redis_costs_callers_no_more_than_the_timeout() {
             break;
         }
         assert!(Instant::now() < deadline, "never recovered after SIGCONT");
+        // real time: the thawed redis-server and the breaker's 500 ms before it half-opens.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -67,6 +67,7 @@ async fn a_key_leases_once_hot_and_gives_its_tokens_back_when_it_cools() {
     for _ in 0..5 {
         let d = limiter.check("sku", "cold", 1).await.expect("check");
         assert_eq!(d.source, Source::Memory);
+        // virtual time (paused clock): a second between decisions, and the hot key's lease runs out meanwhile.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // Meanwhile the hot key cooled: its bucket is gone and what it did not spend went back.
@@ -89,6 +90,7 @@ async fn hammer(limiters: &[Limiter], tasks: u32, key: &str, span: Duration) -> 
                 while tokio::time::Instant::now() < end {
                     let d = limiter.check("sku", &key, 1).await.expect("check");
                     admitted += u64::from(d.allowed);
+                    // virtual time (paused clock): a decision per ms per task, without taking real time.
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 admitted

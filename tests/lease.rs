@@ -107,14 +107,14 @@ async fn unused_tokens_go_back_on_lease_expiry() {
     // real time: the sweeper gives back to redis-server, whose answers a paused clock would not wait for (it
     // jumps to the call timeouts); the fake clock alone says when the lease is due.
     clock.advance(Duration::from_millis(99));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await; // real time: the sweeper's pass against redis-server
     assert_eq!(redis_tokens(&server, &key, 100, 3_600_000), 80);
     // After it, the sweeper gives the 19 unused tokens back.
     clock.advance(Duration::from_millis(2));
     // real time: waits for the give-back to reach redis-server.
     let deadline = Instant::now() + Duration::from_secs(5);
     while redis_tokens(&server, &key, 100, 3_600_000) != 99 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await; // real time: the give-back reaching redis-server
     }
     assert_eq!(redis_tokens(&server, &key, 100, 3_600_000), 99);
     assert_eq!(limiter.stats().returned_tokens, 19);
@@ -256,11 +256,13 @@ async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while limiter.local_keys() > 10 && tokio::time::Instant::now() < deadline {
+        // virtual time (paused clock): waits for the sweeper's eviction, taking no real time.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(limiter.local_keys() <= 10, "{} local keys", limiter.local_keys());
     // Each evicted key had 9 unused tokens of its batch of 10.
     while limiter.stats().returned_tokens < 40 * 9 && tokio::time::Instant::now() < deadline {
+        // virtual time (paused clock): waits for the evicted keys' give-backs, taking no real time.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(limiter.stats().returned_tokens, 40 * 9);

@@ -84,6 +84,7 @@ async fn a_store_from_your_own_connection_manager_decides_exactly() {
         .is_ok_and(|d| d.source == Source::Redis)
     {
         assert!(Instant::now() < deadline, "no decision from Redis after it came back");
+        // real time: waits for the connection manager to reconnect to the restarted redis-server.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_exact(&limiter, "k").await;

@@ -21,6 +21,7 @@ async fn token_bucket_acquire_consumes_now_and_pays_later() {
     // pays 0.2 s for the one before it.
     assert_eq!(waits, [0, 0, 0, 0, 200, 200, 200]);
     // After idling, the stored burst is spent before waits start again.
+    // virtual time (paused clock): 5 s of idling (the burst refills) pass without a real wait.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let mut waits = Vec::new();
     for _ in 0..6 {
@@ -28,6 +29,7 @@ async fn token_bucket_acquire_consumes_now_and_pays_later() {
     }
     assert_eq!(waits, [0, 0, 0, 0, 200, 200]);
     // A large acquire is granted at once when not in debt, and the next caller pays for it.
+    // virtual time (paused clock): 5 s of idling (the burst refills) pass without a real wait.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         limiter.acquire("api", "k", 3).await.expect("permit").waited,

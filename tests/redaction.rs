@@ -78,7 +78,7 @@ async fn store_errors_and_logs_redact_the_passwords() {
         let error = limiter.ping().await.expect_err("nothing listens on port 1");
         let shown = format!("{error} {error:?}");
         assert!(!shown.contains(SECRET), "{name}: {shown}");
-        // Let the connection tasks retry (and log) a while.
+        // real time: lets the store's connection tasks retry (and log) their real connections to port 1 a while.
         tokio::time::sleep(Duration::from_millis(300)).await;
         drop(limiter);
 

@@ -77,6 +77,7 @@ async fn reload_swaps_rules_and_keeps_what_did_not_change() {
     assert_eq!(limiter.local_keys(), 0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while limiter.stats().returned_tokens < 9 && tokio::time::Instant::now() < deadline {
+        // virtual time (paused clock): waits for the background give-back, taking no real time.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(limiter.stats().returned_tokens, 9);
@@ -195,6 +196,7 @@ async fn a_reload_raising_the_rate_on_redis_does_not_admit_a_burst() {
     let server = common::RedisServer::start();
     let limiter = common::limiter(sale(10, "1h").rules).redis(&server).build();
     assert_eq!(allowed(&limiter, "sale", "k", 11).await, 10);
+    // real time: a second must pass on redis-server's clock (the scripts refill from its TIME).
     tokio::time::sleep(Duration::from_secs(1)).await;
     limiter.reload(sale(10, "1s")).expect("reload");
     let start = Instant::now();

@@ -103,7 +103,7 @@ async fn drain(limiter: &Limiter, rule: &str) -> u64 {
         if d.source == Source::Fallback {
             // Not connected to the master yet (fail_mode closed: nothing was admitted).
             assert!(Instant::now() < deadline, "{rule}: the store did not answer");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await; // real time: connecting through redis-sentinel
         } else if d.allowed {
             admitted += cost;
         } else {
@@ -150,6 +150,7 @@ async fn a_sentinel_failover_is_followed_by_itself() {
         (direct_back && leased_back).then(|| ms_since(start))
     });
     let back_ms = back.unwrap_or_else(|| panic!("no decision from the new master within 5 s of its promotion"));
+    // real time: the load runs on the promoted redis-server a while longer.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Release);
     while let Some(ended) = tasks.join_next().await {
@@ -261,7 +262,7 @@ async fn a_master_demoted_by_replicaof_is_left_and_found_again() {
             "the connection was not made again after READONLY"
         );
         assert_eq!(check().await.source, Source::Fallback, "a replica decided");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // real time: the reconnect to the replica
     }
 
     server.cmd(&["REPLICAOF", "NO", "ONE"]).expect("REPLICAOF NO ONE");
@@ -274,7 +275,7 @@ async fn a_master_demoted_by_replicaof_is_left_and_found_again() {
             started.elapsed() < Duration::from_secs(5),
             "not back within 5 s of REPLICAOF NO ONE"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // real time: the server is a master again
     }
     limiter.shutdown().await;
 }

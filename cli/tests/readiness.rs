@@ -106,7 +106,7 @@ impl Sidecar {
             if answer.status == status || started.elapsed() > limit {
                 return (answer, started.elapsed());
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(50)); // real time: polls the sidecar process over HTTP
         }
     }
 }

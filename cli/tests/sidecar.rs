@@ -167,7 +167,7 @@ fn a_client_sending_its_headers_slowly_is_cut_after_the_header_timeout() {
     slow.write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ").expect("write");
     // One byte every 100 ms, for at most a minute (the guard): the server must close the connection first.
     let cut = (0..600).any(|_| {
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(100)); // real time: the sidecar process's header timeout
         slow.write_all(b"a").is_err()
     });
     assert!(cut, "a client sending a header byte every 100 ms was kept for a minute");

@@ -140,7 +140,7 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay_us: Arc<Ato
     };
     let writer = async move {
         while let Some((due, chunk)) = rx.recv().await {
-            sleep_until(due).await;
+            sleep_until(due).await; // real time: the network latency the proxy adds to a real socket
             if to.write_all(&chunk).await.is_err() {
                 break;
             }
@@ -158,10 +158,12 @@ async fn sleep_until(due: Instant) {
         return;
     }
     if due - now > COARSE_MARGIN {
+        // real time (the proxy's own runtime is never paused): the latency, but its last 2 ms.
         tokio::time::sleep_until(due - COARSE_MARGIN).await;
     }
     let rest = due.saturating_duration_since(Instant::now());
     if !rest.is_zero() {
+        // real time: the last stretch, to within about 0.1 ms.
         let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
     }
 }

@@ -20,6 +20,7 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
         if Instant::now() > deadline {
             return None;
         }
+        // real time: every caller polls a real process (a redis-server, Sentinel, cluster, sidecar or prometheus).
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -156,7 +157,7 @@ impl RedisServer {
             if self.cmd(&["PING"]).map(|s| s.contains("PONG")).unwrap_or(false) {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(20)); // real time: the started redis-server answers PING
         }
         panic!("redis-server on port {} did not answer within 10 s", self.port);
     }
