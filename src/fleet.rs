@@ -47,8 +47,13 @@ const MIN_HOLD: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(crate) struct Seen {
     rule: String,
-    /// Live processes at the last beat; 0 before the first answer.
+    /// The rule's count: the live processes of the first answered beat, then of each answer that is not lower,
+    /// and of a lower answer only once answers have shown it for [`LIVE`] ([`Seen::count`]); 0 before the first
+    /// answer.
     processes: AtomicU64,
+    /// When answers began to count fewer processes than [`Seen::processes`] (ms of the limiter's clock); 0 while
+    /// they do not.
+    fewer_since_ms: AtomicU64,
     /// The hold's end at the last beat, in ms of the limiter's clock.
     held_until_ms: AtomicU64,
     /// The store's failure count when the last beat was answered: when it moved since, this process comes back
@@ -65,6 +70,36 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
+    /// Takes `answered`, the live count of a beat answered at `now_ms`, into the rule's count, and returns the
+    /// count. More processes (or the first answer) count at once; fewer only once the answers have counted fewer
+    /// for [`LIVE`]. After an outage the first process back finds the others unheard for longer than [`LIVE`]
+    /// (their beats failed too) and is answered a count of one: taken at once, its local share would be the whole
+    /// bucket's level while its calls still fail (a share's level is its part of the shared level, so dividing by
+    /// fewer processes multiplies what it may sell alone), beside the others' shares. The others beat within
+    /// a beat or two and the count is back before the lower one would be taken. A member that really left is
+    /// counted [`LIVE`] longer: the others' shares are smaller meanwhile, never larger.
+    fn count(&self, answered: u64, now_ms: u64) -> u64 {
+        let current = self.processes.load(Ordering::Acquire);
+        if current == 0 || answered >= current {
+            self.fewer_since_ms.store(0, Ordering::Release);
+            self.processes.store(answered, Ordering::Release);
+            return answered;
+        }
+        let since = match self.fewer_since_ms.load(Ordering::Acquire) {
+            0 => {
+                self.fewer_since_ms.store(now_ms.max(1), Ordering::Release);
+                now_ms
+            }
+            since => since,
+        };
+        if now_ms.saturating_sub(since) < millis(LIVE) {
+            return current;
+        }
+        self.fewer_since_ms.store(0, Ordering::Release);
+        self.processes.store(answered, Ordering::Release);
+        answered
+    }
+
     /// The rule's name.
     pub(crate) fn rule(&self) -> &str {
         &self.rule
@@ -119,8 +154,8 @@ impl Fleet {
         self.clock.now_ns() / 1_000_000
     }
 
-    /// The live processes of `rule`'s fleet (the divisor of its shares): the roster's count at the last beat,
-    /// or the assumed count before one was answered.
+    /// The live processes of `rule`'s fleet (the divisor of its shares): the roster's count as the beats answered
+    /// it (a lower one once shown for [`LIVE`], [`Seen::count`]), or the assumed count before one was answered.
     pub(crate) fn processes(&self, rule: &str) -> u64 {
         match self.rules.get(rule).map(|s| s.processes.load(Ordering::Acquire)) {
             Some(n) if n > 0 => n,
@@ -160,6 +195,7 @@ impl Fleet {
             Arc::new(Seen {
                 rule: rule.to_owned(),
                 processes: AtomicU64::new(0),
+                fewer_since_ms: AtomicU64::new(0),
                 held_until_ms: AtomicU64::new(0),
                 beaten_at_failures: AtomicU64::new(u64::MAX),
                 answered_at_ms: AtomicU64::new(0),
@@ -286,14 +322,14 @@ impl Fleet {
         let reply = self.store.run_past_breaker(&call).await?;
         let count = Count::from_reply(&reply);
         let now = self.now_ms();
-        seen.processes.store(count.processes, Ordering::Release);
+        let processes = seen.count(count.processes, now);
         seen.held_until_ms
             .store(now.saturating_add(count.hold_ms), Ordering::Release);
         seen.answered_at_ms.store(now.max(1), Ordering::Release);
         if answered {
             seen.beaten_at_failures.store(failures, Ordering::Release);
         }
-        seen.gauge.set(count.processes as f64);
+        seen.gauge.set(processes as f64);
         if count.hold_ms > 0 {
             tracing::debug!(rule = %seen.rule, hold_ms = count.hold_ms, owing = count.owing, "the fleet is held");
         }
@@ -319,5 +355,79 @@ pub(crate) fn refill_ms(algorithm: &Algorithm) -> Option<u64> {
         }
         Algorithm::LeakyBucket { .. } => Some(0),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::Fleet;
+    use crate::clock::{Clock, FakeClock};
+    use crate::store::guarded::{Guarded, Timeouts};
+    use crate::store::MemoryStore;
+
+    /// Four members beating one rule's roster in a shared in-process store, on one fake clock.
+    fn fleet_of_four(clock: &FakeClock) -> Vec<Fleet> {
+        let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+        let shared = Arc::new(MemoryStore::with_clock(clock.clone()));
+        let store = Arc::new(Guarded::new(
+            shared,
+            clock.clone(),
+            Timeouts::from_call(Duration::from_millis(50)),
+        ));
+        (0..4)
+            .map(|i| Fleet::new((format!("m{i}"), "tl".to_owned()), 4, store.clone(), clock.clone()))
+            .collect()
+    }
+
+    async fn beat(fleet: &Fleet) -> u64 {
+        let count = fleet
+            .beat(&fleet.seen("sale"), true)
+            .await
+            .expect("the in-process store answers");
+        count.processes
+    }
+
+    #[tokio::test]
+    async fn a_lower_count_is_taken_only_once_the_answers_showed_it_for_live() {
+        let clock = FakeClock::starting_at(Duration::from_secs(100));
+        let fleet = fleet_of_four(&clock);
+        for member in fleet.iter().chain(&fleet) {
+            beat(member).await;
+        }
+        assert!(fleet.iter().all(|m| m.processes("sale") == 4));
+        // An outage of 5 s: nobody is heard. The first member back finds the others unheard for longer than the
+        // live window and is answered a count of one; dividing its local share by one would let it sell the
+        // shared level alone while its calls still fail.
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(beat(&fleet[0]).await, 1, "the roster's answer");
+        assert_eq!(fleet[0].processes("sale"), 4, "a lower count is not taken at once");
+        // The others are back within a beat: four again, and the lower answer is forgotten.
+        clock.advance(Duration::from_millis(100));
+        for member in &fleet[1..] {
+            beat(member).await;
+        }
+        assert_eq!(beat(&fleet[0]).await, 4);
+        // m3 is gone for good: once it is unheard for the live window the others are answered three, which they
+        // take only after answers counted three for the live window too.
+        let mut taken_after = None;
+        for second in 1..=10 {
+            clock.advance(Duration::from_secs(1));
+            for member in &fleet[..3] {
+                beat(member).await;
+            }
+            if taken_after.is_none() && fleet[0].processes("sale") == 3 {
+                taken_after = Some(second);
+            }
+        }
+        // Last heard 0.1 s in: answered three from 3 s on (unheard for the whole live window), taken from 6 s on.
+        assert_eq!(
+            taken_after,
+            Some(6),
+            "m3 dropped 3 s after the answers first counted three"
+        );
+        assert!(fleet[..3].iter().all(|m| m.processes("sale") == 3));
     }
 }
