@@ -36,3 +36,13 @@ pub use limiter::health::Readiness;
 pub use limiter::{Limiter, LimiterStats};
 pub use rule::{Algorithm, Calendar, FailMode, Lease, Override, Quota, Rule, Zone};
 pub use store::{BoxFuture, MemoryStore, RedisStore, Store};
+
+/// The examples of the README before it became a reference page, kept as doctests (docs/EXAMPLES.md).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/EXAMPLES.md")]
+pub struct Examples;
+
+/// The same for the `http` feature (docs/EXAMPLES-http.md).
+#[cfg(all(doctest, feature = "http"))]
+#[doc = include_str!("../docs/EXAMPLES-http.md")]
+pub struct HttpExamples;
