@@ -7,13 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::Reply;
 use crate::background::Background;
 use crate::compiled::{Abandoned, Compiled, Line};
-use crate::decision::{from_protocol_ms, to_protocol_ms, Permit, Source};
-use crate::error::{Error, FailReason};
+use crate::decision::{from_protocol_ms, Permit, Source};
+use crate::error::Error;
 use crate::fallback::{Fallback, Unsettled};
-use crate::rule::{Algorithm, FailMode};
+use crate::rule::Algorithm;
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
 
@@ -183,46 +182,12 @@ impl Queue {
         };
         let (reply, source) = match result {
             Ok(reply) => (reply, self.store.source()),
-            Err(error) => match compiled.fail_mode {
-                FailMode::Open => (
-                    Reply {
-                        granted: cost,
-                        remaining: 0,
-                        retry_after_ms: 0,
-                        reset_after_ms: 0,
-                    },
-                    Source::Fallback,
-                ),
-                FailMode::Closed => return Err(Error::Store(error)),
-                FailMode::Local if matches!(algorithm, Algorithm::TokenBucket { .. }) => {
-                    // The key's one local share, the one checks use, charged when the store answers: taken at
-                    // once or refused, never paid later alone.
-                    let reason = FailReason::of(&error);
-                    let d = self.fallback.decide(compiled, &algorithm, &store_key, cost, reason);
-                    let reply = Reply {
-                        granted: if d.allowed { cost } else { 0 },
-                        remaining: d.remaining,
-                        retry_after_ms: if d.allowed { 0 } else { to_protocol_ms(d.retry_after) },
-                        reset_after_ms: 0,
-                    };
-                    (reply, Source::Fallback)
-                }
-                FailMode::Local if !Fallback::alone(FailReason::of(&error)) => {
-                    // One failed call while the breaker is closed: refused for a back-off, not booked alone.
-                    let reply = Reply {
-                        granted: 0,
-                        remaining: 0,
-                        retry_after_ms: to_protocol_ms(self.store.timeouts.backoff),
-                        reset_after_ms: 0,
-                    };
-                    (reply, Source::Fallback)
-                }
-                FailMode::Local => {
-                    // The reservation is made (and handed back, if dropped) in the key's local queue, paced at this
-                    // process's share after the slots the store booked, and charged when the store answers.
-                    (self.fallback.run_local(&call)?, Source::Fallback)
-                }
-            },
+            Err(error) => {
+                let alone = self
+                    .fallback
+                    .reserve_alone(compiled, &algorithm, &store_key, (&call, cost), error);
+                (alone?, Source::Fallback)
+            }
         };
         drop(turn);
         if reply.granted < cost {

@@ -126,6 +126,14 @@ impl Fallback {
         self.clock.now_ns() / 1_000_000
     }
 
+    /// Counts a decision of `compiled`'s fail mode for `reason`; `false` when the limiter is shutting down:
+    /// what a local share admitted now could not be charged any more, so nothing is admitted alone.
+    fn fail_over(&self, compiled: &Compiled, reason: FailReason) -> bool {
+        self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
+        compiled.metrics.fail_mode[reason as usize].increment(1);
+        !self.background.is_closed()
+    }
+
     /// Decides a check of `cost` tokens of `store_key` by the fail mode of `compiled` (whose limits for the key
     /// are `algorithm`) because the store failed, for `reason`.
     pub(crate) fn decide(
@@ -136,59 +144,66 @@ impl Fallback {
         cost: u64,
         reason: FailReason,
     ) -> Decision {
-        self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
-        compiled.metrics.fail_mode[reason as usize].increment(1);
-        if self.background.is_closed() {
-            // Shutting down: what a local share admitted now could not be charged any more.
+        if !self.fail_over(compiled, reason) {
             return Decision::bare(false, Duration::ZERO, Source::Fallback);
         }
-        let backoff = self.store.timeouts.backoff;
-        let refused = Decision::bare(false, backoff, Source::Fallback);
-        let processes = self.processes(&compiled.rule.name);
+        let refused = Decision::bare(false, self.store.timeouts.backoff, Source::Fallback);
         match compiled.fail_mode {
             FailMode::Open => Decision::bare(true, Duration::ZERO, Source::Fallback),
             FailMode::Closed => refused,
-            FailMode::Local => {
-                let reply = match algorithm {
-                    Algorithm::TokenBucket { bucket, .. } => self
-                        .buckets
-                        .take(store_key, (*bucket, processes), cost, self.now_ms())
-                        .ok_or(()),
-                    // One failed call while the breaker is closed: the other processes most likely reach the
-                    // store, and a slot booked or a window's token admitted alone would come beside theirs.
-                    Algorithm::LeakyBucket { .. }
-                    | Algorithm::FixedWindow { .. }
-                    | Algorithm::SlidingWindow { .. }
-                    | Algorithm::SlidingLog { .. }
-                        if !Self::alone(reason) =>
-                    {
-                        Err(())
-                    }
-                    Algorithm::LeakyBucket { .. } => {
-                        // The key's local queue, the one `acquire` reserves in (a check waits for nothing).
-                        let call = Call::check(algorithm, store_key, cost, 1, &self.members);
-                        self.run_local(&call).map_err(|_| ())
-                    }
-                    other => match ChargedWindow::of(other) {
-                        // Invariant 16: this process's share of what the window had left, written back later.
-                        Some(window) => {
-                            let now = self.now_ms();
-                            (self.window_shares.take(store_key, &window, cost, processes, now)).ok_or(())
-                        }
-                        None => {
-                            let call = Call::check(algorithm, store_key, cost, processes, &self.members);
-                            self.windows.run_sync(&call).map_err(|_| ())
-                        }
-                    },
-                };
-                match reply {
-                    Ok(reply) if reply.retry_after_ms != NEVER || reply.granted > 0 => {
-                        Decision::from_reply(&reply, cost, Source::Fallback)
-                    }
-                    _ => refused,
-                }
-            }
+            FailMode::Local => match self.alone(compiled, algorithm, store_key, cost, reason) {
+                Some(reply) => Decision::from_reply(&reply, cost, Source::Fallback),
+                None => refused,
+            },
         }
+    }
+
+    /// What `fail_mode = "local"` answers for `cost` tokens of `store_key` (whose limits are `algorithm`),
+    /// decided alone because the store failed for `reason`: the token bucket's share, the window's share, the
+    /// key's local queue (a check waits for nothing). `None`: refused for the back-off (nothing may be admitted
+    /// alone, or never).
+    fn alone(
+        &self,
+        compiled: &Compiled,
+        algorithm: &Algorithm,
+        store_key: &str,
+        cost: u64,
+        reason: FailReason,
+    ) -> Option<Reply> {
+        let processes = self.processes(&compiled.rule.name);
+        let reply = match algorithm {
+            Algorithm::TokenBucket { bucket, .. } => self
+                .buckets
+                .take(store_key, (*bucket, processes), cost, self.now_ms())
+                .ok_or(()),
+            // One failed call while the breaker is closed: the other processes most likely reach the
+            // store, and a slot booked or a window's token admitted alone would come beside theirs.
+            Algorithm::LeakyBucket { .. }
+            | Algorithm::FixedWindow { .. }
+            | Algorithm::SlidingWindow { .. }
+            | Algorithm::SlidingLog { .. }
+                if !Self::alone_after(reason) =>
+            {
+                Err(())
+            }
+            Algorithm::LeakyBucket { .. } => {
+                // The key's local queue, the one `acquire` reserves in (a check waits for nothing).
+                let call = Call::check(algorithm, store_key, cost, 1, &self.members);
+                self.run_local(&call).map_err(|_| ())
+            }
+            other => match ChargedWindow::of(other) {
+                // Invariant 16: this process's share of what the window had left, written back later.
+                Some(window) => {
+                    let now = self.now_ms();
+                    (self.window_shares.take(store_key, &window, cost, processes, now)).ok_or(())
+                }
+                None => {
+                    let call = Call::check(algorithm, store_key, cost, processes, &self.members);
+                    self.windows.run_sync(&call).map_err(|_| ())
+                }
+            },
+        };
+        reply.ok().filter(|r| r.retry_after_ms != NEVER || r.granted > 0)
     }
 
     /// Whether a leaky-bucket queue books slots, or a window rule admits, alone after a store failure for
@@ -198,7 +213,7 @@ impl Fallback {
     /// `rate × W + 1`, and a window's share would be admitted beside what the store grants the others (invariant
     /// 16). Token buckets keep deciding from their share, which the store's answers keep at this process's part of
     /// what is left.
-    pub(crate) fn alone(reason: FailReason) -> bool {
+    pub(crate) fn alone_after(reason: FailReason) -> bool {
         reason == FailReason::CircuitOpen
     }
 

@@ -8,11 +8,68 @@ use std::time::Duration;
 use super::share::Busy;
 use super::{Fallback, Unsettled};
 use crate::algorithm::{LeakyBucket, Reply};
-use crate::error::StoreError;
-use crate::rule::Algorithm;
+use crate::compiled::Compiled;
+use crate::decision::to_protocol_ms;
+use crate::error::{Error, FailReason, StoreError};
+use crate::rule::{Algorithm, FailMode};
 use crate::store::call::{Call, Op};
 
 impl Fallback {
+    /// A reservation of `acquire` (`call`, for `cost` tokens of `store_key`, whose limits are `algorithm`)
+    /// decided by `compiled`'s fail mode because the store failed with `error`, as the protocol's reply: `open`
+    /// grants it at once; a token bucket under `local` takes its tokens from the key's one local share, the one
+    /// checks use (taken at once or refused, never paid later alone); a queue under `local` is refused for the
+    /// back-off after one failed call while the breaker is closed, and otherwise booked in the key's local queue,
+    /// paced at this process's share after the slots the store booked and charged when the store answers.
+    ///
+    /// # Errors
+    /// [`Error::Store`] under `closed`; the local queue's error.
+    pub(crate) fn reserve_alone(
+        &self,
+        compiled: &Compiled,
+        algorithm: &Algorithm,
+        store_key: &str,
+        (call, cost): (&Call, u64),
+        error: StoreError,
+    ) -> Result<Reply, Error> {
+        let refused = |retry_after_ms| Reply {
+            granted: 0,
+            remaining: 0,
+            retry_after_ms,
+            reset_after_ms: 0,
+        };
+        let reason = FailReason::of(&error);
+        match compiled.fail_mode {
+            FailMode::Open => Ok(Reply {
+                granted: cost,
+                remaining: 0,
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+            }),
+            FailMode::Closed => Err(Error::Store(error)),
+            FailMode::Local if matches!(algorithm, Algorithm::TokenBucket { .. }) => {
+                if !self.fail_over(compiled, reason) {
+                    return Ok(refused(0));
+                }
+                Ok(match self.alone(compiled, algorithm, store_key, cost, reason) {
+                    Some(reply) if reply.granted >= cost => Reply {
+                        granted: cost,
+                        remaining: reply.remaining,
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                    },
+                    Some(reply) => Reply {
+                        remaining: reply.remaining,
+                        ..refused(reply.retry_after_ms)
+                    },
+                    None => refused(to_protocol_ms(self.store.timeouts.backoff)),
+                })
+            }
+            FailMode::Local if !Self::alone_after(reason) => Ok(refused(to_protocol_ms(self.store.timeouts.backoff))),
+            FailMode::Local => Ok(self.run_local(call)?),
+        }
+    }
+
     /// Runs a call of `acquire` or `check` on a leaky-bucket key in this process's local queue (the call carries
     /// the shared queue's parameters): a reservation ([`Queues::reserve`], refused with the back-off when the key
     /// cannot be remembered or the limiter is shutting down) or a hand-back ([`Queues::give_back`]). `None` for
