@@ -77,7 +77,10 @@ impl Seen {
     /// bucket's level while its calls still fail (a share's level is its part of the shared level, so dividing by
     /// fewer processes multiplies what it may sell alone), beside the others' shares. The others beat within
     /// a beat or two and the count is back before the lower one would be taken. A member that really left is
-    /// counted [`LIVE`] longer: the others' shares are smaller meanwhile, never larger.
+    /// counted [`LIVE`] longer: the others' shares are smaller meanwhile, never larger. The lower answers must
+    /// follow each other: after a gap of more than two beats without an answer (an outage, a stall) they start
+    /// over, so a lower answer before an outage and one after it are not taken as [`LIVE`] of fewer processes.
+    /// Called before `answered_at_ms` records this answer.
     fn count(&self, answered: u64, now_ms: u64) -> u64 {
         let current = self.processes.load(Ordering::Acquire);
         if current == 0 || answered >= current {
@@ -85,12 +88,14 @@ impl Seen {
             self.processes.store(answered, Ordering::Release);
             return answered;
         }
+        let previous = self.answered_at_ms.load(Ordering::Acquire);
+        let gap = now_ms.saturating_sub(previous) > millis(BEAT).saturating_mul(2);
         let since = match self.fewer_since_ms.load(Ordering::Acquire) {
-            0 => {
+            since if since != 0 && !gap => since,
+            _ => {
                 self.fewer_since_ms.store(now_ms.max(1), Ordering::Release);
                 now_ms
             }
-            since => since,
         };
         if now_ms.saturating_sub(since) < millis(LIVE) {
             return current;
@@ -429,5 +434,27 @@ mod tests {
             "m3 dropped 3 s after the answers first counted three"
         );
         assert!(fleet[..3].iter().all(|m| m.processes("sale") == 3));
+    }
+
+    #[tokio::test]
+    async fn lower_answers_before_and_after_an_outage_do_not_add_up() {
+        let clock = FakeClock::starting_at(Duration::from_secs(100));
+        let fleet = fleet_of_four(&clock);
+        for member in fleet.iter().chain(&fleet) {
+            beat(member).await;
+        }
+        // Everyone stalls past the live window; m0 is answered first, a count of one, and keeps four.
+        clock.advance(Duration::from_millis(3_100));
+        assert_eq!(beat(&fleet[0]).await, 1);
+        assert_eq!(fleet[0].processes("sale"), 4);
+        // Then a 5 s outage. m0 is back first and answered one again: the two lower answers are 5 s apart but
+        // not a run of them, so the count stays four.
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(beat(&fleet[0]).await, 1);
+        assert_eq!(
+            fleet[0].processes("sale"),
+            4,
+            "a lower count before an outage does not count after it"
+        );
     }
 }
