@@ -202,3 +202,61 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_sellers_th
     assert!(worst.ratio <= 1.0, "over the bound in a window: {worst}");
     newcomer.shutdown().await;
 }
+
+/// KNOWN OVERSELL, not fixed (docs/ARCHITECTURE.md, Known limits: a presumed member is waited for, not charged).
+/// Four processes sell their shares of a full, slowly refilled stock (100, 2 a second: 50 s of refill) alone
+/// through a 3 s kill -9 (AOF `always`); one exits owing, the three others come back, charge what they sold and
+/// sell on. The hold waits the exited member's presumed term, but the shared bucket is below its cap after the
+/// three debits, so the refill during that wait is banked and sold after the hold: the exited member's share is
+/// sold twice. Ignored so that CI stays green until the presumed share is charged to the bucket (a debit once per
+/// key and hold) instead of waited for; run it with `cargo test --release --test fleet -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known oversell: a presumed member's share is waited for, not charged (Known limits)"]
+async fn a_member_that_exits_owing_is_not_sold_twice_when_the_others_charge_first() {
+    const SLOW: u64 = 2;
+    let mut server = common::RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let stock = || {
+        Rule::token_bucket("stock", STOCK, SLOW, Duration::from_secs(1))
+            .expect("rule")
+            .with_fail_mode(FailMode::Local)
+    };
+    let url = server.url();
+    let process = || common::limiter([stock()]).redis_url(&url).timeout(TIMEOUT).build();
+    let timeline = Arc::new(Timeline::new(Duration::from_secs(60)));
+    let mut sellers: Vec<Limiter> = (0..4).map(|_| process()).collect();
+    for l in &sellers {
+        assert!(l.check("stock", "k", 1).await.expect("decision").allowed);
+        timeline.record(1);
+    }
+    common::until_all_count(&sellers, "stock", 4, Duration::from_secs(5)).await;
+    server.stop();
+    let (selling, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+    let tasks = sell(&sellers, "stock", &timeline, (&selling, &alone));
+    // real time: the outage; all four sell their shares alone for 2 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    selling.store(false, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("seller");
+    }
+    // One exits as kill -9 would: owing its share, no charge.
+    drop(sellers.pop());
+    // real time: the rest of the 3 s outage.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.restart();
+    let selling = Arc::new(AtomicBool::new(true));
+    let tasks = sell(&sellers, "stock", &timeline, (&selling, &alone));
+    // real time: the three sell on against the healed redis-server, past the hold and its presumed term.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    selling.store(false, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("seller");
+    }
+    let worst = timeline.worst(Duration::from_millis(200), |w| {
+        STOCK as f64 + SLOW as f64 * (w + TIMEOUT).as_secs_f64()
+    });
+    eprintln!("sold alone: {}; worst window: {worst}", alone.load(Ordering::Relaxed));
+    assert!(worst.ratio <= 1.0, "over the bound in a window: {worst}");
+    for l in &sellers {
+        l.shutdown().await;
+    }
+}
