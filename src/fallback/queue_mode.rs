@@ -38,34 +38,25 @@ impl Fallback {
             retry_after_ms,
             reset_after_ms: 0,
         };
+        let backoff = refused(to_protocol_ms(self.store.timeouts.backoff));
         let reason = FailReason::of(&error);
         match compiled.fail_mode {
             FailMode::Open => Ok(Reply {
                 granted: cost,
-                remaining: 0,
-                retry_after_ms: 0,
-                reset_after_ms: 0,
+                ..refused(0)
             }),
             FailMode::Closed => Err(Error::Store(error)),
+            // The share grants all of `cost` or nothing (its retry then says when); only `granted` and
+            // `retry_after_ms` of the reply are read.
             FailMode::Local if matches!(algorithm, Algorithm::TokenBucket { .. }) => {
                 if !self.fail_over(compiled, reason) {
                     return Ok(refused(0));
                 }
-                Ok(match self.alone(compiled, algorithm, store_key, cost, reason) {
-                    Some(reply) if reply.granted >= cost => Reply {
-                        granted: cost,
-                        remaining: reply.remaining,
-                        retry_after_ms: 0,
-                        reset_after_ms: 0,
-                    },
-                    Some(reply) => Reply {
-                        remaining: reply.remaining,
-                        ..refused(reply.retry_after_ms)
-                    },
-                    None => refused(to_protocol_ms(self.store.timeouts.backoff)),
-                })
+                Ok(self
+                    .alone(compiled, algorithm, store_key, cost, reason)
+                    .unwrap_or(backoff))
             }
-            FailMode::Local if !Self::alone_after(reason) => Ok(refused(to_protocol_ms(self.store.timeouts.backoff))),
+            FailMode::Local if !Self::alone_after(reason) => Ok(backoff),
             FailMode::Local => Ok(self.run_local(call)?),
         }
     }
