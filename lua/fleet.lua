@@ -1,8 +1,10 @@
--- fleet.lua — the roster of one rule: a member's beat, the live count, and the hold after an outage.
+-- fleet.lua — the roster of one rule: a member's beat, the live count, the hold after an outage, and what it
+-- presumed of the members that never reported.
 --
 -- KEYS[1]  the roster (a sorted set: member → ms it was last heard)
--- KEYS[2]  the hold (a hash: until = ms until which the hold waits for the reports; presumed = the terms of the
---          members still owing, summed; epoch = holds started so far)
+-- KEYS[2]  the hold (a hash: epoch = ms the last hold started, its name; until = ms until which it waits for the
+--          reports; refill = the longest refill_ms a member sent; presumed_epoch, presumed_ms, presumed_at = the
+--          last presumption: the epoch of the hold that made it, its ms and when it was made)
 -- KEYS[3]  who owes a report before the hold ends (a hash: member → its term, ms)
 -- KEYS[4]  the live count each member was last answered, the divisor of its shares (a hash: member → count)
 -- ARGV[1]  member      unique to a limiter for the life of its process
@@ -12,22 +14,28 @@
 -- ARGV[5]  hold_ms     how long a hold waits for the reports
 -- ARGV[6]  back        1: this member's store calls failed since its last beat (it comes back from an outage)
 -- ARGV[7]  settled     1: this member owes nothing of the rule (all it admitted alone is charged)
--- ARGV[8]  refill_ms   how long the rule's slowest key takes to refill from empty; -1: sales alone are not presumed
+-- ARGV[8]  refill_ms   how long the slowest key this member decided takes to refill from empty; -1: sales alone
+--                      are not presumed
 -- ARGV[9]  cut_ms      back: how long this member's calls had failed; 0 otherwise
 -- ARGV[10] leave       1: this member leaves the fleet (it shut down owing nothing)
 -- ARGV[11] now_ms      optional; when absent the Redis server's TIME is used
 --
--- Reply: { processes, owing, hold_ms, epoch }
---   processes  live members, this one included (unless it leaves)
---   owing      members the hold still waits for
---   hold_ms    how long the hold lasts from now, 0 when none
---   epoch      holds started so far
+-- Reply: { processes, hold_ms, presumed_epoch, presumed_ms }
+--   processes       live members, this one included (unless it leaves)
+--   hold_ms         how long the hold still waits for the reports from now, 0 when none runs
+--   presumed_epoch  the epoch of the last hold that ended with members presumed; 0 when none is kept
+--   presumed_ms     what they were presumed to have sold alone, in ms of refill (below); 0 when none
 -- The first member back from an outage (or the first to join a fleet whose every member is silent) starts a hold
--- unless one runs: every member silent for silent_ms owes a report (and this one, unless settled). A member that
--- never reports may have exited with its debt: it is presumed to have sold its whole local share, 1/count of a
--- full bucket and of the refill while it was silent, and its term is the time the buckets take to refill that:
---   term = ceil((refill_ms + min(now - heard, max(cut_ms, live_ms) + silent_ms) + hold_ms) / count)
--- The hold lasts hold_ms, then the terms of those still owing; it ends as soon as nobody owes.
+-- unless one runs: every member silent for silent_ms owes a report (and this one, unless settled), and no process
+-- calls the rule's keys until each has reported or hold_ms has passed. A member that has not reported by then
+-- may have exited with its debt: it is presumed to have sold its whole local share, 1/count of a full bucket and
+-- of the refill while it was silent and through the hold, and its term is the time that takes to refill:
+--   term = ceil((refill + min(now - heard, max(cut_ms, live_ms) + silent_ms) + hold_ms) / count)
+-- with refill the longest refill_ms any member sent. The terms of those still owing at the hold's end add up to the
+-- presumption, which every process charges to each key of the rule before the key's next store call: a token
+-- bucket presumed_ms × rate of tokens (the debit's mark named by the epoch applies it once), a leaky queue a wait
+-- of presumed_ms. It is kept 2 × refill + presumed_ms (a bucket untouched that long would be full either way);
+-- one made while an earlier one is kept adds that one's ms, so nobody misses the earlier.
 -- Mirrors Roster::beat in src/algorithm/fleet.rs, which gives the same replies and stores the same state.
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
@@ -60,21 +68,34 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', roster, '-inf', '(' .. int(now - 
   redis.call('ZREM', roster, m)
   redis.call('HDEL', counts, m)
 end
-local hold_until = tonumber(redis.call('HGET', hold, 'until') or '0') or 0
-local presumed = tonumber(redis.call('HGET', hold, 'presumed') or '0') or 0
-local epoch = tonumber(redis.call('HGET', hold, 'epoch') or '0') or 0
-local function forgive(m) -- m owes no report any more
-  local term = tonumber(redis.call('HGET', owing, m))
-  if term then
-    presumed = presumed - term
-    redis.call('HDEL', owing, m)
+local h = redis.call('HMGET', hold, 'epoch', 'until', 'refill', 'presumed_epoch', 'presumed_ms', 'presumed_at')
+local epoch, hold_until, refill = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or -1
+local presumed_epoch, presumed, presumed_at = tonumber(h[4]) or 0, tonumber(h[5]) or 0, tonumber(h[6]) or 0
+if refill_ms > refill then refill = refill_ms end
+local function keep_until() -- when the presumption is forgotten: two refills and its own ms after it was made
+  if refill > 0 then return presumed_at + 2 * refill + presumed end
+  return presumed_at + presumed
+end
+local function kept() return presumed > 0 and now < keep_until() end
+if not kept() then presumed_epoch, presumed, presumed_at = 0, 0, 0 end
+-- A hold whose wait has passed ends: the terms of those still owing become the presumption.
+local function close()
+  local left = redis.call('HGETALL', owing)
+  if #left == 0 or hold_until > now then return end
+  local sum = 0
+  for i = 2, #left, 2 do sum = sum + tonumber(left[i]) end
+  redis.call('DEL', owing)
+  if sum > 0 then
+    if kept() then sum = sum + presumed end
+    presumed_epoch, presumed, presumed_at = epoch, sum, hold_until
   end
 end
-local function holding() return redis.call('HLEN', owing) > 0 and hold_until + presumed > now end
+close()
+local function holding() return redis.call('HLEN', owing) > 0 and hold_until > now end
 if leave then
   redis.call('ZREM', roster, member)
   redis.call('HDEL', counts, member)
-  forgive(member)
+  redis.call('HDEL', owing, member)
 end
 
 -- A member that joins a fleet whose every member is silent comes after an outage too (or after the whole fleet
@@ -84,7 +105,7 @@ if not leave and not redis.call('ZSCORE', roster, member) and redis.call('ZCARD'
   joins_silence = redis.call('ZCOUNT', roster, int(now - silent_ms), '+inf') == 0
 end
 if (back or joins_silence) and not holding() then
-  -- What m adds to the hold if it never reports (see above).
+  -- What m is presumed to have sold alone if it never reports, in ms of refill (see above).
   local function term(m)
     if refill_ms < 0 then return 0 end
     local heard = tonumber(redis.call('ZSCORE', roster, m)) or now
@@ -95,34 +116,22 @@ if (back or joins_silence) and not holding() then
     if alone > bound + silent_ms then alone = bound + silent_ms end
     local count = tonumber(redis.call('HGET', counts, m)) or 1
     if count < 1 then count = 1 end
-    return cdiv(refill_ms + alone + hold_ms, count)
+    return cdiv(refill + alone + hold_ms, count)
   end
   redis.call('DEL', owing)
-  presumed = 0
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', roster, '-inf', '(' .. int(now - silent_ms))) do
-    if m ~= member then
-      local t = term(m)
-      redis.call('HSET', owing, m, int(t))
-      presumed = presumed + t
-    end
+    if m ~= member then redis.call('HSET', owing, m, int(term(m))) end
   end
-  if not settled then
-    local t = term(member)
-    redis.call('HSET', owing, member, int(t))
-    presumed = presumed + t
-  end
+  if not settled then redis.call('HSET', owing, member, int(term(member))) end
   if redis.call('HLEN', owing) > 0 then
     hold_until = now + hold_ms
-    epoch = epoch + 1
+    if now > epoch then epoch = now else epoch = epoch + 1 end
   end
 end
-if settled then forgive(member) end
-if not holding() then
-  -- Everyone has reported, or the terms of those who did not have passed: the hold ends.
-  redis.call('DEL', owing)
-  presumed = 0
-  if hold_until > now then hold_until = now end
-end
+if settled then redis.call('HDEL', owing, member) end
+-- Everyone has reported: the hold ends at once, presuming nobody.
+if redis.call('HLEN', owing) == 0 and hold_until > now then hold_until = now end
+close()
 
 local processes
 if leave then
@@ -132,13 +141,15 @@ else
   processes = redis.call('ZCOUNT', roster, '(' .. int(now - live_ms), '+inf')
   redis.call('HSET', counts, member, processes)
 end
-redis.call('HSET', hold, 'until', int(hold_until), 'presumed', int(presumed), 'epoch', int(epoch))
-local left = redis.call('HLEN', owing)
-local ends = hold_until + presumed
+redis.call('HSET', hold, 'epoch', int(epoch), 'until', int(hold_until), 'refill', int(refill),
+  'presumed_epoch', int(presumed_epoch), 'presumed_ms', int(presumed), 'presumed_at', int(presumed_at))
 local last = now + keep_ms
-if ends > last then last = ends end
+if hold_until > last then last = hold_until end
+if presumed > 0 and keep_until() > last then last = keep_until() end
 for _, key in ipairs({ roster, hold, counts }) do redis.call('PEXPIRE', key, int(last - now)) end
-if left > 0 then redis.call('PEXPIRE', owing, int(last - now)) end
 local hold_left = 0
-if left > 0 then hold_left = ends - now end
-return { processes, left, hold_left, epoch }
+if holding() then
+  redis.call('PEXPIRE', owing, int(last - now))
+  hold_left = hold_until - now
+end
+return { processes, hold_left, presumed_epoch, presumed }

@@ -5,7 +5,9 @@
 -- KEYS[2]  optional, debits only: the debit's mark, `<bucket>:debit:<id>` with an id unique to this debit. A debit
 --          whose mark exists was applied already (its reply was lost, say, to a timeout) and is not applied again:
 --          the reply gives what it charged then, and the bucket as it is now. A debit applied sets its mark to the
---          tokens it charged, for 10 minutes (the memory of it, not its meaning: the bucket holds the charge).
+--          tokens it charged (the memory of it, not its meaning: the bucket holds the charge) for 10 minutes, or four
+--          refills from empty and twice the debit's refill where that is longer (a presumed debit of the fleet is
+--          sent by every process for up to two refills and its own: fleet.lua).
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
@@ -132,5 +134,12 @@ else
 end
 
 save_bucket(KEYS[1], level, ts, capacity, rate, per)
-if mark then redis.call('SET', mark, int(accepted), 'PX', 600000) end
+if mark then
+  local life = 600000
+  if rate > 0 then
+    local refills = cdiv((4 * capacity - 2 * n) * per, rate)
+    if refills > life then life = refills end
+  end
+  redis.call('SET', mark, int(accepted), 'PX', int(life))
+end
 return reply(accepted)

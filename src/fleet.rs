@@ -7,15 +7,20 @@
 //! limiter beats for the rule every [`BEAT`] (every [`BEAT_SOON`] while it is cut off or held), from a task of
 //! its own (`limiter/lifecycle.rs`). Until a rule's first beat is answered, its shares divide by the configured
 //! `expected_processes`.
+//!
+//! A hold ends when everyone it waits for has reported, or at its end: this process learns which from the next
+//! answer after the end, and does not call the rule's keys before it ([`Fleet::held`]). A hold that ended
+//! presuming members answers its [`Presumption`] until it is forgotten; this process keeps the latest, which
+//! `fallback/presumed_mode.rs` charges to each key before the key's next store call.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::sync::OnceCell;
 
-use crate::algorithm::fleet::{Beat, Count};
+use crate::algorithm::fleet::{Beat, Count, Presumption};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::rule::Algorithm;
@@ -54,8 +59,14 @@ pub(crate) struct Seen {
     /// When answers began to count fewer processes than [`Seen::processes`] (ms of the limiter's clock); 0 while
     /// they do not.
     fewer_since_ms: AtomicU64,
-    /// The hold's end at the last beat, in ms of the limiter's clock.
+    /// The hold's end at the last beat, in ms of the limiter's clock: when the last answer's hold ends, or the
+    /// answer's own time when it reported none.
     held_until_ms: AtomicU64,
+    /// The latest presumption answered, its `at_ms` when this process first heard it (ms of the limiter's
+    /// clock); epoch 0: none.
+    presumed: Mutex<Presumption>,
+    /// The latest presumption's epoch (0: none), read without the lock.
+    presumed_epoch: AtomicU64,
     /// The store's failure count when the last beat was answered: when it moved since, this process comes back
     /// from an outage. `u64::MAX` before the first answer.
     beaten_at_failures: AtomicU64,
@@ -168,11 +179,32 @@ impl Fleet {
         }
     }
 
-    /// How long `rule`'s keys are still held at the last beat, in ms; `None` when they are not.
+    /// How long `rule`'s keys are still held, in ms; `None` when they are not. They are held until the hold's
+    /// end at the last beat, then until a beat answered after that end says how it ended (everyone reported, or
+    /// some were presumed: [`Fleet::presumed`]), which comes within [`BEAT_SOON`]; no longer than a debit's
+    /// timeout and two [`BEAT_SOON`] past the end, since beats that keep failing mean the store does too (the
+    /// callers then go to their fail mode, not to a store that would lease).
     pub(crate) fn held(&self, rule: &str) -> Option<u64> {
-        let until = self.rules.get(rule)?.held_until_ms.load(Ordering::Acquire);
+        let seen = self.rules.get(rule)?;
+        let until = seen.held_until_ms.load(Ordering::Acquire);
         let now = self.now_ms();
-        (until > now).then(|| until - now)
+        if until > now {
+            return Some(until - now);
+        }
+        let answered = seen.answered_at_ms.load(Ordering::Acquire);
+        let grace = millis(self.store.timeouts.debit).saturating_add(millis(BEAT_SOON).saturating_mul(2));
+        (answered < until && now < until.saturating_add(grace)).then(|| millis(BEAT_SOON))
+    }
+
+    /// The latest presumption of `rule`'s fleet this process heard, with `at_ms` when it first heard it (ms of
+    /// the limiter's clock); `None` when none was.
+    pub(crate) fn presumed(&self, rule: &str) -> Option<Presumption> {
+        let seen = self.rules.get(rule)?;
+        if seen.presumed_epoch.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let presumed = *seen.presumed.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(presumed)
     }
 
     /// Joins `rule`'s fleet, whose key is now decided by `algorithm` (its refill goes into the hold's presumed
@@ -202,6 +234,8 @@ impl Fleet {
                 processes: AtomicU64::new(0),
                 fewer_since_ms: AtomicU64::new(0),
                 held_until_ms: AtomicU64::new(0),
+                presumed: Mutex::new(Presumption::default()),
+                presumed_epoch: AtomicU64::new(0),
                 beaten_at_failures: AtomicU64::new(u64::MAX),
                 answered_at_ms: AtomicU64::new(0),
                 refill_ms: AtomicI64::new(-1),
@@ -232,11 +266,11 @@ impl Fleet {
         is_back(seen.beaten_at_failures.load(Ordering::Acquire), self.store.failures())
     }
 
-    /// Whether the next beat should come soon: cut off, back, or held.
+    /// Whether the next beat should come soon: cut off, back, or held (waiting for the hold's end too).
     pub(crate) fn is_urgent(&self, seen: &Seen) -> bool {
         self.is_back(seen)
             || seen.beaten_at_failures.load(Ordering::Acquire) == u64::MAX
-            || seen.held_until_ms.load(Ordering::Acquire) > self.now_ms()
+            || self.held(seen.rule()).is_some()
     }
 
     /// How long a hold waits for the reports: two of the store's recovery spreads (the breaker's open period and a
@@ -328,15 +362,32 @@ impl Fleet {
         let count = Count::from_reply(&reply);
         let now = self.now_ms();
         let processes = seen.count(count.processes, now);
+        if count.presumed.epoch > seen.presumed_epoch.load(Ordering::Acquire) {
+            let mut presumed = seen.presumed.lock().unwrap_or_else(PoisonError::into_inner);
+            if count.presumed.epoch > presumed.epoch {
+                *presumed = Presumption {
+                    at_ms: now,
+                    ..count.presumed
+                };
+                seen.presumed_epoch.store(count.presumed.epoch, Ordering::Release);
+                tracing::warn!(
+                    rule = %seen.rule,
+                    presumed_ms = count.presumed.ms,
+                    "members of the fleet did not report after an outage: each key of the rule is charged what \
+                     they may have sold alone before its next store call"
+                );
+            }
+        }
         seen.held_until_ms
             .store(now.saturating_add(count.hold_ms), Ordering::Release);
+        // 0 means never answered.
         seen.answered_at_ms.store(now.max(1), Ordering::Release);
         if answered {
             seen.beaten_at_failures.store(failures, Ordering::Release);
         }
         seen.gauge.set(processes as f64);
         if count.hold_ms > 0 {
-            tracing::debug!(rule = %seen.rule, hold_ms = count.hold_ms, owing = count.owing, "the fleet is held");
+            tracing::debug!(rule = %seen.rule, hold_ms = count.hold_ms, "the fleet is held");
         }
         Ok(count)
     }
@@ -351,7 +402,7 @@ fn is_back(beaten: u64, failures: u64) -> bool {
 /// How long a key decided by `algorithm` takes to refill from empty (ms), for the hold's presumed terms
 /// ([`crate::algorithm::fleet::Roster::term`]): a token bucket's `capacity × per_ms / rate`, rounded up; a leaky
 /// bucket's 0 (a paced queue has no burst: what a member sold alone is its pace over its silence). `None` where
-/// waiting cannot make up for sales alone: a bucket that never refills (rate 0, a stock) and the window rules,
+/// nothing is presumed: a bucket that never refills (rate 0, a stock, sells nothing alone) and the window rules,
 /// whose limit is per window (see docs/ARCHITECTURE.md, Known limits).
 pub(crate) fn refill_ms(algorithm: &Algorithm) -> Option<u64> {
     match algorithm {
@@ -368,7 +419,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::Fleet;
+    use super::{millis, Fleet, BEAT_SOON};
     use crate::clock::{Clock, FakeClock};
     use crate::store::guarded::{Guarded, Timeouts};
     use crate::store::MemoryStore;
@@ -385,6 +436,13 @@ mod tests {
         (0..4)
             .map(|i| Fleet::new((format!("m{i}"), "tl".to_owned()), 4, store.clone(), clock.clone()))
             .collect()
+    }
+
+    /// The tests' rule: a token bucket of 100 refilled at 10 a second (10 s from empty).
+    fn sale() -> crate::rule::Algorithm {
+        crate::Rule::token_bucket("sale", 100, 10, Duration::from_secs(1))
+            .expect("rule")
+            .algorithm
     }
 
     async fn beat(fleet: &Fleet) -> u64 {
@@ -456,5 +514,41 @@ mod tests {
             4,
             "a lower count before an outage does not count after it"
         );
+    }
+
+    #[tokio::test]
+    async fn the_keys_stay_held_past_the_holds_end_until_an_answer_says_what_it_presumed() {
+        let clock = FakeClock::starting_at(Duration::from_secs(100));
+        let fleet = fleet_of_four(&clock);
+        for member in &fleet[1..] {
+            member.join("sale", &sale()).await;
+        }
+        // An outage of 5 s; m0 starts as it ends and is the first to beat: every member is silent, so it holds
+        // the rule. m1 and m2 report (they owed nothing); m3 exited owing.
+        clock.advance(Duration::from_secs(5));
+        let hold_ms = millis(fleet[0].hold());
+        assert!(hold_ms >= 2_000);
+        fleet[0].join("sale", &sale()).await;
+        for member in &fleet[1..3] {
+            beat(member).await;
+        }
+        assert_eq!(fleet[0].held("sale"), Some(hold_ms));
+        assert_eq!(fleet[0].presumed("sale"), None);
+        // The hold's end passes: nobody has heard how it ended, so the keys stay held until a beat says.
+        clock.advance(Duration::from_millis(hold_ms));
+        assert_eq!(fleet[0].held("sale"), Some(millis(BEAT_SOON)));
+        assert!(fleet[0].is_urgent(&fleet[0].seen("sale")), "the next beat comes soon");
+        beat(&fleet[0]).await;
+        assert_eq!(fleet[0].held("sale"), None);
+        let presumed = fleet[0].presumed("sale").expect("m3 presumed");
+        // m3 was counted 3 (the third to join) and silent 5 s (bounded by the live window and silent_ms: 4.5 s)
+        // and through the hold.
+        let term = (10_000 + 4_500 + hold_ms).div_ceil(3);
+        assert_eq!((presumed.epoch, presumed.ms), (105_000, term));
+        assert_eq!(presumed.at_ms, 105_000 + hold_ms, "heard at the beat after the hold");
+        // A beat that never comes keeps the keys held no longer than a debit's timeout and two beats.
+        assert_eq!(fleet[1].held("sale"), Some(millis(BEAT_SOON)));
+        clock.advance(fleet[1].store.timeouts.debit + BEAT_SOON * 2);
+        assert_eq!(fleet[1].held("sale"), None);
     }
 }

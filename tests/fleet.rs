@@ -215,15 +215,13 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_sellers_th
     newcomer.shutdown().await;
 }
 
-/// KNOWN OVERSELL, not fixed (docs/ARCHITECTURE.md, Known limits: a presumed member is waited for, not charged).
 /// Four processes sell their shares of a full, slowly refilled stock (100, 2 a second: 50 s of refill) alone
 /// through a 3 s kill -9 (AOF `always`); one exits owing, the three others come back, charge what they sold and
-/// sell on. The hold waits the exited member's presumed term, but the shared bucket is below its cap after the
-/// three debits, so the refill during that wait is banked and sold after the hold: the exited member's share is
-/// sold twice. Ignored so that CI stays green until the presumed share is charged to the bucket (a debit once per
-/// key and hold) instead of waited for; run it with `cargo test --release --test fleet -- --ignored`.
+/// sell on. The exited member never reports, so the hold presumes it sold its share, and the presumption is
+/// charged to the key before its next store call (`fallback/presumed_mode.rs`). A wait instead of the charge sold its
+/// share twice: the bucket is below its cap after the three debits, so the refill during the wait was banked and
+/// sold after the hold (1.14 × the bound in a 20 s window).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known oversell: a presumed member's share is waited for, not charged (Known limits)"]
 async fn a_member_that_exits_owing_is_not_sold_twice_when_the_others_charge_first() {
     const SLOW: u64 = 2;
     let (mut server, mut sellers, timeline, _) = sold_alone_through_a_kill(SLOW, Duration::from_secs(60)).await;

@@ -1,5 +1,6 @@
 //! The fleet's roster of one rule, kept in the store (`lua/fleet.lua` mirrors this line for line): which
-//! processes are live, and the hold after an outage (invariants 17 and 19 of docs/ARCHITECTURE.md).
+//! processes are live, the hold after an outage, and what it presumed of the members that never reported
+//! (invariants 17 and 19 of docs/ARCHITECTURE.md).
 //!
 //! Every process that uses a leased or `local` rule sends a *beat* for it about once a second. The roster
 //! remembers when it last heard each member, and the count it answered it:
@@ -8,13 +9,15 @@
 //! - a member that comes **back** from a store outage (its calls failed since its last beat), or that joins a
 //!   fleet whose every member is silent, starts a **hold** if none runs: every member that was silent for
 //!   `silent_ms` (it may have sold alone as well) now *owes* a report, and until each has reported (`settled`:
-//!   it charged everything it admitted alone), no process leases or calls the rule's keys. So a process that
-//!   owed nothing, or that just started, does not sell the stock again before the fleet's debts are charged;
-//! - a member that has not reported within `hold_ms` may have exited, its debt with it: it is **presumed** to
-//!   have sold its whole local share (its `1 / count` of a full bucket and of the refill while it was silent),
-//!   and the hold lasts on until the rule's buckets have refilled that much (the member's *term*,
-//!   [`Roster::term`]). The terms are fixed when the hold starts, so a hold only ever ends sooner than a member
-//!   last heard, as the others report.
+//!   it charged everything it admitted alone) or `hold_ms` has passed, no process calls the rule's keys. So a
+//!   process that owed nothing, or that just started, does not sell the stock again before the fleet's debts are
+//!   charged;
+//! - a member that has not reported by the hold's end may have exited, its debt with it: it is **presumed** to
+//!   have sold its whole local share (its `1 / count` of a full bucket and of the refill while it was silent and
+//!   through the hold). The *terms* of those still owing ([`Roster::term`], ms of refill) add up to the hold's
+//!   [`Presumption`], which every process charges to each key of the rule before the key's next store call
+//!   (`fallback/presumed_mode.rs`): a debit of the token bucket, once per key, or a wait of a leaky queue. Waiting
+//!   alone would not do: the refill of a bucket below its cap is banked during the wait and sold after it.
 //!
 //! A member unheard for `keep_ms` is forgotten (it exited); one that shut down owing nothing leaves at once.
 
@@ -39,9 +42,10 @@ pub(crate) struct Beat {
     pub back: bool,
     /// The member owes nothing of the rule (everything it admitted alone is charged).
     pub settled: bool,
-    /// How long the rule's slowest key takes to refill from empty (ms): what a member presumed to have sold
-    /// alone adds to a hold, with the time it was silent, divided by its count. `None`: the rule's sales alone
-    /// are not presumed (a window rule, or a bucket that never refills: waiting cannot make up for them).
+    /// How long the slowest key this member decided takes to refill from empty (ms). The roster keeps the
+    /// longest any member sent: a presumed term is that, with the time the member was silent, divided by its
+    /// count. `None`: the rule's sales alone are not presumed (a window rule, whose limit is per window, or a
+    /// bucket that never refills, which sells nothing alone).
     pub refill_ms: Option<u64>,
     /// Back: how long this member's calls had failed (ms), which bounds how long the silent members may have
     /// sold alone (at least `live_ms`: a member joining a silent fleet cannot know); 0 otherwise.
@@ -50,34 +54,62 @@ pub(crate) struct Beat {
     pub leave: bool,
 }
 
-/// The roster of one rule: when each member was last heard (ms) and the count it was answered, the hold, and
-/// who owes a report.
+/// What a hold presumed of the members that never reported: the sum of their terms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Presumption {
+    /// The epoch of the hold that made it (the ms it started): it names the presumption, so that each key is
+    /// charged it once (the debit's mark). 0: none.
+    pub epoch: u64,
+    /// What the presumed members may have sold alone, in ms of refill: a token bucket is charged `ms × rate`
+    /// tokens, a leaky queue waits `ms`.
+    pub ms: u64,
+    /// When it was made (the hold's end, ms).
+    pub at_ms: u64,
+}
+
+impl Presumption {
+    /// Whether it is still kept at `now_ms`, the longest refill of the rule being `refill_ms`: for two refills
+    /// and its own ms after it was made (a bucket untouched that long would be full with it or without it).
+    fn kept(&self, refill_ms: Option<u64>, now_ms: u64) -> bool {
+        let refill = refill_ms.unwrap_or(0);
+        self.ms > 0
+            && now_ms
+                < self
+                    .at_ms
+                    .saturating_add(refill.saturating_mul(2))
+                    .saturating_add(self.ms)
+    }
+}
+
+/// The roster of one rule: when each member was last heard (ms) and the count it was answered, the hold, who
+/// owes a report, and the last presumption.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Roster {
     pub heard: BTreeMap<String, u64>,
     /// The live count each member was last answered: the divisor of its shares.
     pub counts: BTreeMap<String, u64>,
-    /// The hold waits for the reports until this (ms); the presumed terms of those still owing follow it.
-    pub hold_until_ms: u64,
-    /// Counts the holds started: a process tells a new hold from one it saw.
+    /// The last hold's epoch: the ms it started (one more than the previous epoch if that is later).
     pub epoch: u64,
-    /// Members whose report the hold waits for, each with its term: the ms its presumed sales add to the hold if
-    /// it never reports.
+    /// The hold waits for the reports until this (ms).
+    pub hold_until_ms: u64,
+    /// The longest refill from empty any member sent (ms); `None` before one did.
+    pub refill_ms: Option<u64>,
+    /// Members whose report the hold waits for, each with its term: the ms of refill it is presumed to have sold
+    /// if it never reports.
     pub owing: BTreeMap<String, u64>,
+    /// The last presumption, while kept.
+    pub presumed: Presumption,
 }
 
-/// What a beat answers, in the protocol's four integers: `{ processes, owing, hold_ms, epoch }`.
+/// What a beat answers, in the protocol's four integers: `{ processes, hold_ms, presumed_epoch, presumed_ms }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Count {
     /// Live members, this one included (at least 1).
     pub processes: u64,
-    /// Members the hold still waits for.
-    pub owing: u64,
-    /// How long the hold lasts from now (ms), 0 when none: until `hold_ms` from its start and the terms of
-    /// those still owing.
+    /// How long the hold still waits for the reports from now (ms), 0 when none runs.
     pub hold_ms: u64,
-    /// The holds started so far.
-    pub epoch: u64,
+    /// The last presumption kept (its `at_ms` is not sent: 0).
+    pub presumed: Presumption,
 }
 
 impl Count {
@@ -85,9 +117,12 @@ impl Count {
     pub(crate) fn from_reply(reply: &Reply) -> Self {
         Self {
             processes: reply.granted.max(1),
-            owing: reply.remaining,
-            hold_ms: u64::try_from(reply.retry_after_ms).unwrap_or(0),
-            epoch: u64::try_from(reply.reset_after_ms).unwrap_or(0),
+            hold_ms: reply.remaining,
+            presumed: Presumption {
+                epoch: u64::try_from(reply.retry_after_ms).unwrap_or(0),
+                ms: u64::try_from(reply.reset_after_ms).unwrap_or(0),
+                at_ms: 0,
+            },
         }
     }
 
@@ -95,31 +130,46 @@ impl Count {
     pub(crate) fn to_reply(self) -> Reply {
         Reply {
             granted: self.processes,
-            remaining: self.owing,
-            retry_after_ms: super::ms(self.hold_ms),
-            reset_after_ms: super::ms(self.epoch),
+            remaining: self.hold_ms,
+            retry_after_ms: super::ms(self.presumed.epoch),
+            reset_after_ms: super::ms(self.presumed.ms),
         }
     }
 }
 
 impl Roster {
-    /// When the hold ends if nobody else reports (ms): its wait for the reports, then the terms of those owing.
-    fn ends_ms(&self) -> u64 {
-        (self.owing.values()).fold(self.hold_until_ms, |at, term| at.saturating_add(*term))
-    }
-
-    /// Whether a hold runs at `now_ms`.
+    /// Whether a hold waits for reports at `now_ms`.
     fn holding(&self, now_ms: u64) -> bool {
-        !self.owing.is_empty() && self.ends_ms() > now_ms
+        !self.owing.is_empty() && self.hold_until_ms > now_ms
     }
 
-    /// What `member`, silent, adds to a hold that starts at `now_ms` if it never reports (ms): the time the
-    /// rule's buckets take to refill its presumed sales alone. Its local share was `1 / count` of a full bucket
-    /// and of the refill from when it was last heard (at most `max(cut_ms, live_ms) + silent_ms` before: a
-    /// member silent longer most likely exited before the outage) to the end of the hold's wait; so its term is
-    /// `(refill_ms + that time) / count`, rounded up. 0 when the rule presumes nothing.
+    /// Ends a hold whose wait has passed at `now_ms`: the terms of those still owing become the presumption (with
+    /// the one before it, while that is kept).
+    fn close(&mut self, now_ms: u64) {
+        if self.owing.is_empty() || self.hold_until_ms > now_ms {
+            return;
+        }
+        let mut sum: u64 = self.owing.values().sum();
+        self.owing.clear();
+        if sum > 0 {
+            if self.presumed.kept(self.refill_ms, now_ms) {
+                sum = sum.saturating_add(self.presumed.ms);
+            }
+            self.presumed = Presumption {
+                epoch: self.epoch,
+                ms: sum,
+                at_ms: self.hold_until_ms,
+            };
+        }
+    }
+
+    /// What `member`, silent, is presumed to have sold alone if it never reports to a hold that starts at
+    /// `now_ms`, in ms of refill: its local share was `1 / count` of a full bucket (the roster's longest refill)
+    /// and of the refill from when it was last heard (at most `max(cut_ms, live_ms) + silent_ms` before: a member
+    /// silent longer most likely exited before the outage) to the end of the hold's wait; so its term is
+    /// `(refill + that time) / count`, rounded up. 0 when the beat presumes nothing.
     pub(crate) fn term(&self, member: &str, beat: &Beat, now_ms: u64) -> u64 {
-        let Some(refill_ms) = beat.refill_ms else {
+        let (Some(_), Some(refill_ms)) = (beat.refill_ms, self.refill_ms) else {
             return 0;
         };
         let heard = self.heard.get(member).copied().unwrap_or(now_ms);
@@ -129,7 +179,7 @@ impl Roster {
         refill_ms.saturating_add(alone).div_ceil(count)
     }
 
-    /// Records `beat` at `now_ms` and answers the live count and the hold.
+    /// Records `beat` at `now_ms` and answers the live count, the hold and the presumption.
     pub(crate) fn beat(&mut self, beat: &Beat, now_ms: u64) -> Count {
         let forget_before = now_ms.saturating_sub(beat.keep_ms);
         // Members forgotten drop out of the count; a hold keeps their terms.
@@ -141,6 +191,11 @@ impl Roster {
             self.heard.remove(&m);
             self.counts.remove(&m);
         }
+        self.refill_ms = self.refill_ms.max(beat.refill_ms);
+        if !self.presumed.kept(self.refill_ms, now_ms) {
+            self.presumed = Presumption::default();
+        }
+        self.close(now_ms);
         if beat.leave {
             self.heard.remove(&beat.member);
             self.counts.remove(&beat.member);
@@ -172,17 +227,17 @@ impl Roster {
             self.owing = owing;
             if !self.owing.is_empty() {
                 self.hold_until_ms = now_ms.saturating_add(beat.hold_ms);
-                self.epoch += 1;
+                self.epoch = if now_ms > self.epoch { now_ms } else { self.epoch + 1 };
             }
         }
         if beat.settled {
             self.owing.remove(&beat.member);
         }
-        if !self.holding(now_ms) {
-            // Everyone has reported, or the terms of those who did not have passed: the hold ends.
-            self.owing.clear();
+        // Everyone has reported: the hold ends at once, presuming nobody.
+        if self.owing.is_empty() {
             self.hold_until_ms = self.hold_until_ms.min(now_ms);
         }
+        self.close(now_ms);
         let processes = if beat.leave {
             self.live(beat.live_ms, now_ms)
         } else {
@@ -193,13 +248,15 @@ impl Roster {
         };
         Count {
             processes,
-            owing: self.owing.len() as u64,
-            hold_ms: if self.owing.is_empty() {
-                0
+            hold_ms: if self.holding(now_ms) {
+                self.hold_until_ms - now_ms
             } else {
-                self.ends_ms().saturating_sub(now_ms)
+                0
             },
-            epoch: self.epoch,
+            presumed: Presumption {
+                at_ms: 0,
+                ..self.presumed
+            },
         }
     }
 
@@ -210,10 +267,19 @@ impl Roster {
             .count() as u64
     }
 
-    /// When the roster may be forgotten (ms): its last member is forgotten and no hold runs.
+    /// When the roster may be forgotten (ms): its last member is forgotten, no hold waits and no presumption is
+    /// kept.
     pub(crate) fn expires_at_ms(&self, keep_ms: u64) -> u64 {
         let last = self.heard.values().max().copied().unwrap_or(0);
-        last.saturating_add(keep_ms).max(self.ends_ms())
+        let presumed = if self.presumed.ms > 0 {
+            let refill = self.refill_ms.unwrap_or(0);
+            (self.presumed.at_ms)
+                .saturating_add(refill.saturating_mul(2))
+                .saturating_add(self.presumed.ms)
+        } else {
+            0
+        };
+        last.saturating_add(keep_ms).max(self.hold_until_ms).max(presumed)
     }
 }
 
@@ -256,15 +322,18 @@ mod tests {
         for m in ["a", "b", "c"] {
             roster.beat(&beat(m, false, true), 0);
         }
-        // An outage of 3 s: `a` is back first, owing what it sold alone.
+        // An outage of 3 s: `a` is back first, owing what it sold alone. The hold is named by its start.
         let first = roster.beat(&beat("a", true, false), 3_000);
-        assert_eq!((first.owing, first.hold_ms, first.epoch), (3, 2_000, 1));
+        assert_eq!((roster.owing.len(), first.hold_ms, roster.epoch), (3, 2_000, 3_000));
         // `b` is back and owed nothing; `a` has charged.
-        assert_eq!(roster.beat(&beat("b", true, true), 3_100).owing, 2);
-        assert_eq!(roster.beat(&beat("a", false, true), 3_200).owing, 1);
-        // `c` reports: the hold ends at once.
+        roster.beat(&beat("b", true, true), 3_100);
+        assert_eq!(roster.owing.len(), 2);
+        assert_eq!(roster.beat(&beat("a", false, true), 3_200).hold_ms, 1_800);
+        assert_eq!(roster.owing.len(), 1);
+        // `c` reports: the hold ends at once, presuming nobody.
         let last = roster.beat(&beat("c", true, true), 3_300);
-        assert_eq!((last.owing, last.hold_ms, last.epoch), (0, 0, 1));
+        assert_eq!((last.hold_ms, last.presumed), (0, Presumption::default()));
+        assert!(roster.owing.is_empty());
     }
 
     #[test]
@@ -275,8 +344,10 @@ mod tests {
         }
         assert_eq!(roster.beat(&beat("a", true, true), 5_000).hold_ms, 2_000);
         assert_eq!(roster.beat(&beat("a", false, true), 6_000).hold_ms, 1_000);
+        // A window rule presumes nothing (no refill): the hold just ends.
         let after = roster.beat(&beat("a", false, true), 7_000);
-        assert_eq!((after.owing, after.hold_ms), (0, 0));
+        assert_eq!((after.hold_ms, after.presumed), (0, Presumption::default()));
+        assert!(roster.owing.is_empty());
     }
 
     #[test]
@@ -286,11 +357,11 @@ mod tests {
         roster.beat(&beat("b", false, true), 1_000);
         // `a` alone was cut off (a slow link): `b` was heard within silent_ms and leased from the store itself.
         let back = roster.beat(&beat("a", true, true), 2_000);
-        assert_eq!((back.owing, back.hold_ms, back.epoch), (0, 0, 0));
+        assert_eq!((back.hold_ms, roster.epoch), (0, 0));
         // Owing itself, it holds only until it has charged.
         roster.beat(&beat("b", false, true), 2_000);
         let owing = roster.beat(&beat("a", true, false), 2_100);
-        assert_eq!((owing.owing, owing.hold_ms), (1, 2_000));
+        assert_eq!((roster.owing.len(), owing.hold_ms), (1, 2_000));
         assert_eq!(roster.beat(&beat("a", false, true), 2_200).hold_ms, 0);
     }
 
@@ -302,12 +373,21 @@ mod tests {
         }
         // After an outage, a process that just started is the first to beat: it owes nothing, the others might.
         let new = roster.beat(&beat("new", false, true), 3_000);
-        assert_eq!((new.owing, new.hold_ms, new.epoch), (2, 2_000, 1));
+        assert_eq!((roster.owing.len(), new.hold_ms, roster.epoch), (2, 2_000, 3_000));
         // Joining a fleet that beats on holds nobody.
         roster.beat(&beat("a", true, true), 3_100);
         roster.beat(&beat("b", true, true), 3_100);
         let other = roster.beat(&beat("other", false, true), 3_200);
-        assert_eq!((other.owing, other.hold_ms, other.epoch), (0, 0, 1));
+        assert_eq!((other.hold_ms, roster.epoch), (0, 3_000));
+    }
+
+    /// `beat` on a rule whose slowest key refills in `refill_ms`, back after `cut_ms` cut off.
+    fn presuming(member: &str, (back, settled): (bool, bool), refill_ms: u64, cut_ms: u64) -> Beat {
+        Beat {
+            refill_ms: Some(refill_ms),
+            cut_ms,
+            ..beat(member, back, settled)
+        }
     }
 
     #[test]
@@ -322,23 +402,54 @@ mod tests {
         // An outage of 3 s on a rule whose buckets refill in 2 s: `a` is back first, owing. Each silent member
         // (and `a`, until it charges) may have sold a quarter of a full bucket and of 3 s + the 2 s wait of
         // refill: its term is (2 000 + 5 000) / 4 ms.
-        let back = Beat {
-            refill_ms: Some(2_000),
-            cut_ms: 3_000,
-            ..beat("a", true, false)
-        };
-        let first = roster.beat(&back, 4_000);
+        let first = roster.beat(&presuming("a", (true, false), 2_000, 3_000), 4_000);
         assert_eq!(roster.owing.values().copied().collect::<Vec<_>>(), [1_750; 4]);
-        assert_eq!((first.owing, first.hold_ms, first.epoch), (4, 2_000 + 4 * 1_750, 1));
-        // Reports shorten the hold by their terms.
-        assert_eq!(roster.beat(&beat("a", false, true), 4_100).hold_ms, 7_150);
+        assert_eq!(first.hold_ms, 2_000, "the hold waits hold_ms, whoever owes");
+        roster.beat(&beat("a", false, true), 4_100);
         roster.beat(&beat("b", true, true), 4_200);
-        assert_eq!(roster.beat(&beat("c", true, true), 4_200).hold_ms, 3_550);
-        // `d` exited: the hold lasts its term past the wait, then ends.
-        let still = roster.beat(&beat("a", false, true), 7_749);
-        assert_eq!((still.owing, still.hold_ms), (1, 1));
-        let over = roster.beat(&beat("a", false, true), 7_750);
-        assert_eq!((over.owing, over.hold_ms), (0, 0));
+        roster.beat(&beat("c", true, true), 4_200);
+        // `d` exited: at the hold's end its term is presumed, named by the hold's epoch.
+        let still = roster.beat(&beat("a", false, true), 5_999);
+        assert_eq!((still.hold_ms, still.presumed), (1, Presumption::default()));
+        let over = roster.beat(&beat("a", false, true), 6_000);
+        let presumed = Presumption {
+            epoch: 4_000,
+            ms: 1_750,
+            at_ms: 0,
+        };
+        assert_eq!((over.hold_ms, over.presumed), (0, presumed));
+        // Every later beat answers it, a process that joins too, until two refills and its ms have passed.
+        assert_eq!(roster.beat(&beat("new", false, true), 6_500).presumed, presumed);
+        assert_eq!(
+            roster.beat(&beat("a", false, true), 6_000 + 4_000 + 1_749).presumed,
+            presumed
+        );
+        let forgotten = roster.beat(&beat("a", false, true), 6_000 + 4_000 + 1_750);
+        assert_eq!(forgotten.presumed, Presumption::default());
+    }
+
+    #[test]
+    fn a_presumption_made_while_one_is_kept_adds_to_it() {
+        let mut roster = Roster::default();
+        for m in ["a", "b", "c"] {
+            roster.beat(&presuming(m, (false, true), 10_000, 0), 0);
+        }
+        // Two outages 10 s apart; `c` exited in the first, `b` in the second. The second presumption carries the
+        // first, so a key nobody touched in between is charged both once.
+        roster.beat(&presuming("a", (true, true), 10_000, 2_000), 2_000);
+        roster.beat(&beat("b", true, true), 2_500);
+        let first = roster.beat(&beat("a", false, true), 4_000).presumed;
+        assert_eq!(
+            (first.epoch, first.ms),
+            (2_000, (10_000 + 2_000 + 2_000_u64).div_ceil(3))
+        );
+        roster.beat(&presuming("a", (false, true), 10_000, 0), 10_000);
+        roster.beat(&presuming("a", (true, true), 10_000, 3_000), 14_000);
+        let second = roster.beat(&beat("a", false, true), 16_000).presumed;
+        // `b` (last heard at 2.5 s) and `c` (at 0, still on the roster until keep_ms) are presumed for at most
+        // max(cut, live) + silent of silence, each counted 3.
+        let term = (10_000 + 4_500 + 2_000_u64).div_ceil(3);
+        assert_eq!((second.epoch, second.ms), (14_000, 2 * term + first.ms));
     }
 
     #[test]
@@ -348,14 +459,10 @@ mod tests {
         roster.beat(&beat("old", false, true), 0);
         roster.beat(&beat("a", false, true), 30_000);
         // `old` was last heard 31 s ago and counted 2: it may have sold alone through the 1 s outage, not 31 s.
-        let back = Beat {
-            refill_ms: Some(1_000),
-            cut_ms: 1_000,
-            ..beat("a", true, true)
-        };
-        let first = roster.beat(&back, 31_000);
+        let first = roster.beat(&presuming("a", (true, true), 1_000, 1_000), 31_000);
         // (1 000 + min(31 000, max(1 000, 3 000) + 1 500) + 2 000) / 2, rounded up.
-        assert_eq!((first.owing, first.hold_ms), (1, 2_000 + 3_750));
+        assert_eq!(first.hold_ms, 2_000);
+        assert_eq!(roster.owing.get("old"), Some(&3_750));
     }
 
     #[test]
@@ -371,20 +478,20 @@ mod tests {
         assert_eq!(roster.beat(&leave, 500).processes, 2);
         assert!(!roster.heard.contains_key("c") && !roster.counts.contains_key("c"));
         // An outage: `a` is back first; only `b` may have sold alone.
-        let back = Beat {
-            refill_ms: Some(1_000),
-            ..beat("a", true, true)
-        };
-        assert_eq!(roster.beat(&back, 4_000).owing, 1);
+        roster.beat(&presuming("a", (true, true), 1_000, 0), 4_000);
+        assert_eq!(roster.owing.keys().collect::<Vec<_>>(), ["b"]);
     }
 
     #[test]
     fn a_count_goes_through_the_protocols_four_integers_unchanged() {
         let count = Count {
             processes: 7,
-            owing: 2,
             hold_ms: 1_234,
-            epoch: 9,
+            presumed: Presumption {
+                epoch: 1_700_000_000_000,
+                ms: 9,
+                at_ms: 0,
+            },
         };
         assert_eq!(Count::from_reply(&count.to_reply()), count);
     }

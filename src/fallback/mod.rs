@@ -16,6 +16,8 @@
 //! Only a store error or a store call's own timeout brings a key here; a caller that merely waited long for a
 //! lease in flight is refused locally by the lease engine (invariant 13).
 
+mod presumed;
+mod presumed_mode;
 mod queue;
 mod queue_mode;
 mod settle;
@@ -38,6 +40,7 @@ use crate::rule::{Algorithm, FailMode};
 use crate::store::call::{Call, ChargedWindow, Members};
 use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
+use presumed::Charged;
 use queue::Queues;
 use share::{Debit, Shares};
 use windows::WindowShares;
@@ -77,6 +80,8 @@ pub(crate) struct Fallback {
     window_shares: WindowShares,
     /// The leaky-bucket queues' local queues and what they owe.
     queues: Queues,
+    /// The keys charged what the fleet presumed after an outage.
+    charged: Charged,
     /// The other algorithms' local shares, in process.
     windows: MemoryStore,
     /// Unique members of the local share's sliding-log and leaky-bucket calls.
@@ -103,6 +108,7 @@ impl Fallback {
             buckets: Shares::new(max_keys),
             window_shares: WindowShares::new(max_keys, clock.as_ref()),
             queues: Queues::new(max_keys),
+            charged: Charged::new(max_keys),
             windows,
             members,
             decided: Default::default(),
@@ -240,7 +246,8 @@ impl Fallback {
     /// Runs `call`, a store call for `store_key` whose limits are `algorithm` under fail mode `mode`, with the
     /// fail mode's bookkeeping around it (invariants 12, 16 and 19): under `local` the rule joins its fleet
     /// first ([`Fleet::join`]); what the key's local share owes is charged ([`Fallback::settle`],
-    /// [`Fallback::settle_queue`]); a rule whose fleet is held after an outage is not called; a token bucket's
+    /// [`Fallback::settle_queue`]); a rule whose fleet is held after an outage is not called, and what the hold
+    /// presumed is charged to the key first ([`Fallback::presume`]); a token bucket's
     /// answer under `local` lowers the key's share ([`Fallback::report`]) and a leaky bucket's tells where its
     /// local queue would start ([`Fallback::seen_queue`]).
     ///
@@ -268,6 +275,7 @@ impl Fallback {
             if let Some(ms) = self.fleet.held(rule) {
                 return Err(Unsettled::Held(Duration::from_millis(ms)));
             }
+            self.presume(store_key, algorithm).await?;
         }
         let reply = self.store.run(call).await.map_err(Unsettled::Failed)?;
         match (mode, algorithm, window) {
@@ -375,6 +383,7 @@ impl Fallback {
         self.buckets.sweep(self.now_ms(), idle_ms);
         self.window_shares.sweep(self.now_ms(), idle_ms);
         self.queues.sweep(self.now_ms(), idle_ms);
+        self.charged.sweep(self.now_ms());
     }
 
     /// Charges everything owed, for shutdown: past the circuit breaker (right after an outage it is still open),

@@ -42,7 +42,8 @@ pub(crate) enum Op {
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`.
     TokenReturn { bucket: TokenBucket, tokens: i64 },
     /// `token_return.lua` with the debit's mark: charge `tokens` admitted alone, once only, however often the
-    /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for [`DEBIT_MARK_MS`]).
+    /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for
+    /// [`debit_mark_ms`]).
     Debit {
         bucket: TokenBucket,
         tokens: u64,
@@ -109,9 +110,20 @@ pub(crate) enum Op {
     },
 }
 
-/// How long a debit's mark is remembered (`token_return.lua` sets it with this PX): a debit sent again later
-/// than this after it was applied would be applied again.
-pub(crate) const DEBIT_MARK_MS: u64 = 600_000;
+/// How long the mark of a debit of `tokens` to `bucket` is remembered (`token_return.lua` sets it with this PX,
+/// ms): a debit sent again later than this after it was applied would be applied again. Ten minutes, or four
+/// refills from empty and twice the debit's refill where that is longer: a presumed debit
+/// (`fallback/presumed_mode.rs`) is sent by every process for up to two refills and its own after it heard of it.
+pub(crate) fn debit_mark_ms(bucket: TokenBucket, tokens: u64) -> u64 {
+    const MIN: u64 = 600_000;
+    if bucket.rate == 0 {
+        return MIN;
+    }
+    let units = (bucket.capacity.saturating_mul(4))
+        .saturating_add(tokens.saturating_mul(2))
+        .saturating_mul(bucket.per_ms);
+    units.div_ceil(bucket.rate).max(MIN)
+}
 
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]

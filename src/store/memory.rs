@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::call::{Call, ChargedWindow, Op, DEBIT_MARK_MS};
+use super::call::{debit_mark_ms, Call, ChargedWindow, Op};
 use super::{bad_args, check_sub_buckets, check_window, BoxFuture, Store};
 use crate::algorithm::fleet::Roster;
 use crate::algorithm::window::{Log, SubBuckets};
@@ -210,7 +210,8 @@ impl MemoryStore {
                     }
                     None => {
                         let (new, reply) = bucket.debit(old, *tokens, now);
-                        marks.push((id.clone(), reply.granted, now.saturating_add(DEBIT_MARK_MS)));
+                        let life = debit_mark_ms(*bucket, *tokens);
+                        marks.push((id.clone(), reply.granted, now.saturating_add(life)));
                         (new, reply)
                     }
                 }
