@@ -241,7 +241,7 @@ impl LocalBucket {
         let watermark = self.low_watermark.load(Ordering::Relaxed);
         home_left.saturating_mul(self.tokens.len() as u64) < watermark
             && now_ns >= self.exhausted_until_ns.load(Ordering::Acquire)
-            && self.tokens.total() < watermark
+            && self.tokens.glance() < watermark
     }
 
     /// Marks that demand outran the local tokens.

@@ -8,7 +8,9 @@
 //! sums them into the `metrics` handles (`lease/engine.rs`).
 //!
 //! Tokens only move between shards, never appear: every token taken was added, and the sum is what the lease
-//! book attributes to its batches (`lease/bucket.rs`).
+//! book attributes to its batches (`lease/bucket.rs`). A steal holds the tokens it moves between two shards for
+//! an instant, so [`Shards::total`] sums the shards only while no move is under way: a sum that missed them would
+//! let a lease's expiry forget tokens of an expired batch, to be spent after its TTL.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -28,6 +30,31 @@ struct Shard {
 #[derive(Debug)]
 pub(crate) struct Shards {
     shards: Box<[CachePadded<Shard>]>,
+    /// Moves of tokens between shards started and finished (steals and gathers): equal while none is under way.
+    moves: CachePadded<Moves>,
+}
+
+/// Counts of the moves between shards (see [`Shards::total`]).
+#[derive(Debug, Default)]
+struct Moves {
+    started: AtomicU64,
+    finished: AtomicU64,
+}
+
+/// A move of tokens between shards under way: finished when dropped.
+struct Moving<'a>(&'a Moves);
+
+impl<'a> Moving<'a> {
+    fn start(moves: &'a Moves) -> Self {
+        moves.started.fetch_add(1, Ordering::SeqCst);
+        Self(moves)
+    }
+}
+
+impl Drop for Moving<'_> {
+    fn drop(&mut self) {
+        self.0.finished.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// Decisions counted by the shards of a key: allowed and refused, since the key's bucket was made.
@@ -95,6 +122,7 @@ impl Default for Shards {
     fn default() -> Self {
         Self {
             shards: (0..shard_count()).map(|_| CachePadded::new(Shard::default())).collect(),
+            moves: CachePadded::new(Moves::default()),
         }
     }
 }
@@ -133,6 +161,7 @@ impl Shards {
     /// several; what was gathered goes back home when even all of them cannot.
     #[cold]
     fn steal(&self, i: usize, home: &Shard, cost: u64) -> Option<u64> {
+        let _moving = Moving::start(&self.moves);
         let n = self.shards.len();
         for j in (1..n).map(|k| (i + k) & (n - 1)) {
             let victim = &self.shards[j];
@@ -199,9 +228,33 @@ impl Shards {
         self.shards.iter().map(|s| s.tokens.swap(0, Ordering::AcqRel)).sum()
     }
 
-    /// Tokens in all shards now (a sum of loads: exact only while nobody takes or adds).
+    /// A sum of the shards' loads: it may miss tokens a steal is moving, so it serves a glance (is the key
+    /// running low?), never the lease book ([`Shards::total`]).
+    #[inline]
+    pub(crate) fn glance(&self) -> u64 {
+        self.shards.iter().map(|s| s.tokens.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Tokens in all shards now: at least what they hold once the decisions under way have taken theirs (a
+    /// decision taking tokens meanwhile may be counted or not). A sum of loads while a steal moves tokens from a
+    /// shard not yet read to one already read would miss them, so the sum is taken again until no move started
+    /// or was under way while it was taken (moves are rare: a thread's shard ran dry).
     pub(crate) fn total(&self) -> u64 {
-        self.shards.iter().map(|s| s.tokens.load(Ordering::Acquire)).sum()
+        let mut tries = 0_u32;
+        loop {
+            let started = self.moves.started.load(Ordering::SeqCst);
+            let idle = self.moves.finished.load(Ordering::SeqCst) == started;
+            let sum = self.shards.iter().map(|s| s.tokens.load(Ordering::SeqCst)).sum();
+            if idle && self.moves.started.load(Ordering::SeqCst) == started {
+                return sum;
+            }
+            tries += 1;
+            if tries % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
     }
 
     /// The number of shards.
@@ -233,6 +286,7 @@ mod tests {
     fn with_len(len: usize) -> Shards {
         Shards {
             shards: (0..len).map(|_| CachePadded::new(Shard::default())).collect(),
+            moves: CachePadded::new(Moves::default()),
         }
     }
 
@@ -257,6 +311,41 @@ mod tests {
         assert_eq!(s.total(), 3, "what was gathered went back");
         assert_eq!(s.remove(2), 2);
         assert_eq!(s.drain(), 1);
+    }
+
+    #[test]
+    fn the_total_never_misses_tokens_a_steal_is_moving() {
+        // Two threads spend one token at a time and steal half of another shard whenever theirs runs dry; the
+        // total read meanwhile is never below what was added minus what was asked for before it was read (a
+        // sum of loads missed the tokens a steal moved from a shard not yet read to one already read).
+        const ADDED: u64 = 4_000_000;
+        let s = Arc::new(with_len(8));
+        s.add(ADDED);
+        let asked = AtomicU64::new(0);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let worst = std::thread::scope(|scope| {
+            for _ in 0..2 {
+                let (s, asked, done) = (s.clone(), &asked, &done);
+                scope.spawn(move || {
+                    loop {
+                        asked.fetch_add(1, Ordering::SeqCst);
+                        if s.take(1).is_none() {
+                            break;
+                        }
+                    }
+                    done.store(true, Ordering::SeqCst);
+                });
+            }
+            let mut worst = 0_u64;
+            while !done.load(Ordering::SeqCst) {
+                let total = s.total();
+                // Every token spent by the time the total was taken was asked for before this load.
+                let asked = asked.load(Ordering::SeqCst);
+                worst = worst.max(ADDED.saturating_sub(asked).saturating_sub(total));
+            }
+            worst
+        });
+        assert_eq!(worst, 0, "the total missed tokens being moved");
     }
 
     #[test]

@@ -28,14 +28,16 @@ fn leaky_table(p: &str) -> Vec<Step> {
         (reserve(&k("a"), 10, 1000, 1, 250, "a3", t0), r(1, 0, 200, 300)),
         (reserve(&k("a"), 10, 1000, 1, 250, "a4", t0), r(0, 0, 50, 300)),
         (reserve(&k("a"), 10, 1000, 1, 250, "a5", t0 + 50), r(1, 0, 250, 350)),
-        // 5000 per second: 0.2 ms apart, kept exactly (waits round up to whole ms).
-        // remaining: slots starting within 10 ms (at 0.2, 0.4, ... 10.0 ms after the TAT).
-        (reserve(&k("fast"), 5000, 1000, 1, 10, "f1", t0), r(1, 50, 0, 1)),
-        (reserve(&k("fast"), 5000, 1000, 1, 10, "f2", t0), r(1, 49, 1, 1)),
-        (reserve(&k("fast"), 5000, 1000, 3, 10, "f3", t0), r(3, 46, 1, 1)),
-        (reserve(&k("fast"), 5000, 1000, 5, 10, "f4", t0), r(5, 41, 1, 2)),
-        // The TAT was exactly t0 + 2 ms: at that millisecond the queue is empty again.
-        (reserve(&k("fast"), 5000, 1000, 1, 10, "f5", t0 + 2), r(1, 50, 0, 1)),
+        // 5000 per second: 0.2 ms apart, kept exactly (waits round up to whole ms). A first reservation of 100 ms
+        // of slots keeps the key in Redis that long in real time while the replay's clock stands still.
+        // remaining: slots starting within 110 ms (at 0.2, 0.4, ... 110.0 ms after the TAT).
+        (reserve(&k("fast"), 5000, 1000, 500, 110, "f0", t0), r(500, 51, 0, 100)),
+        (reserve(&k("fast"), 5000, 1000, 1, 110, "f1", t0), r(1, 50, 100, 101)),
+        (reserve(&k("fast"), 5000, 1000, 1, 110, "f2", t0), r(1, 49, 101, 101)),
+        (reserve(&k("fast"), 5000, 1000, 3, 110, "f3", t0), r(3, 46, 101, 101)),
+        (reserve(&k("fast"), 5000, 1000, 5, 110, "f4", t0), r(5, 41, 101, 102)),
+        // The TAT was exactly t0 + 102 ms: at that millisecond the queue is empty again.
+        (reserve(&k("fast"), 5000, 1000, 1, 110, "f5", t0 + 102), r(1, 550, 0, 1)),
         // Handing back: only the last reservation can be.
         (reserve(&k("b"), 10, 1000, 1, 1000, "b1", t0), r(1, 10, 0, 100)),
         (reserve(&k("b"), 10, 1000, 1, 1000, "b2", t0), r(1, 9, 100, 200)),
