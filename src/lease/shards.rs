@@ -249,7 +249,7 @@ impl Shards {
                 return sum;
             }
             tries += 1;
-            if tries % 64 == 0 {
+            if tries.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
