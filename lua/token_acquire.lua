@@ -103,6 +103,13 @@ local function reset_after_of(l)
 end
 local function left(l) if l < 0 then return 0 end return idiv(l, per) end
 
+-- A bucket held after a debit (token_return.lua) refuses until the hold ends: nothing is taken or handed out.
+local held = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
+if held > now then
+  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+  return { 0, left(level), held - now, reset_after_of(level) }
+end
+
 if cost > capacity or (rate == 0 and level < cost * per) then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
   return { 0, left(level), -1, reset_after_of(level) }

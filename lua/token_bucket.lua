@@ -14,7 +14,8 @@
 -- KEYS[2]  the ban (a string: ms until which the key is banned)
 -- ARGV[6]  ban_ms     after a refusal, refuse the key this long
 -- ARGV[7]  now_ms     optional, as above
--- A banned key is refused with retry_after_ms = the ban's rest.
+-- A banned key is refused with retry_after_ms = the ban's rest. A held bucket (the hash's `hold`: ms until which it
+-- is held after a debit, token_return.lua) is refused with retry_after_ms = the hold's rest, after the ban.
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         tokens granted: 0, or between min and max
@@ -121,6 +122,13 @@ if ban_key then
     if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
     return { 0, whole(level), left, at_least(reset_after_of(level), left) }
   end
+end
+
+-- A bucket held after a debit (token_return.lua) refuses until the hold ends: nothing is taken or handed out.
+local held = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
+if held > now then
+  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+  return { 0, whole(level), held - now, reset_after_of(level) }
 end
 
 -- min = max = 0 is a peek: the bucket as it is and what a call of one token would wait; nothing taken or banned.

@@ -17,7 +17,8 @@
 --                   are there on a refusal); -1 when never (min > capacity, or rate 0)
 --   reset_after_ms  ms until the bucket is full again; -1 when never (rate 0)
 --
--- It takes as token_bucket.lua does (the same bucket, refill, reloads and expiry). A call that leaves fewer than
+-- It takes as token_bucket.lua does (the same bucket, refill, reloads, expiry and hold: a held bucket refuses with
+-- retry_after_ms = the hold's rest, handing out no turn). A call that leaves fewer than
 -- `min` tokens behind (the same call again would be refused) is handed the bucket's next turn:
 -- turn = max(turn, now) + spacing, spacing = ceil(3 × ceil(batch × per_ms / rate) / 5) ms (three fifths of the
 -- refill of a batch, at least 1; batch capped at capacity), and retry_after_ms is the wait for it. So the processes
@@ -105,6 +106,13 @@ local function reset_after_of(l)
   if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
 end
 local function whole(l) if l < 0 then return 0 end return idiv(l, per) end -- remaining: 0 in debt
+
+-- A bucket held after a debit (token_return.lua) refuses until the hold ends: nothing is taken or handed out.
+local held = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
+if held > now then
+  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+  return { 0, whole(level), held - now, reset_after_of(level) }
+end
 
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)

@@ -17,6 +17,12 @@
 --                     a deeper debt of token_acquire.lua as it is: a debit never adds) and says how many it
 --                     charged; the caller carries the rest and charges it once the bucket has refilled.
 -- ARGV[5]  now_ms     optional; when absent the Redis server's TIME is used
+-- With the mark (debits only):
+-- ARGV[5]  hold_ms    integer ≥ 0: the bucket is held this long after the debit is applied (its `hold` field, ms
+--                     until which token_bucket.lua, token_lease.lua and token_acquire.lua refuse it): the other
+--                     processes that sold alone come back on their own clocks, and none may take what they sold
+--                     before their debits land (invariant 19). A hold only grows; 0 holds nothing.
+-- ARGV[6]  now_ms     optional, as above
 --
 -- Reply: { accepted, remaining, 0, reset_after_ms }
 --   accepted        given back: whole tokens actually added (what would overflow the capacity is dropped);
@@ -86,9 +92,10 @@ local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local now_arg = 5
-if not (capacity and rate and per and n) or capacity < 1 or rate < 0 or per < 1 then
-  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens)')
+local hold_ms, now_arg = 0, 5
+if KEYS[2] then hold_ms, now_arg = tonumber(ARGV[5]), 6 end
+if not (capacity and rate and per and n and hold_ms) or capacity < 1 or rate < 0 or per < 1 or hold_ms < 0 then
+  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [hold_ms])')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
@@ -134,6 +141,17 @@ else
 end
 
 save_bucket(KEYS[1], level, ts, capacity, rate, per)
+if level < full then
+  -- The hold lives in the bucket's hash, and the hash at least as long as the hold.
+  local ends = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
+  if hold_ms > 0 and now + hold_ms > ends then
+    ends = now + hold_ms
+    redis.call('HSET', KEYS[1], 'hold', int(ends))
+  end
+  if rate > 0 and ends > now and redis.call('PTTL', KEYS[1]) < ends - now then
+    redis.call('PEXPIRE', KEYS[1], int(ends - now))
+  end
+end
 if mark then
   local life = 600000
   if rate > 0 then

@@ -172,23 +172,38 @@ async fn past_the_hold(l: &Limiter, rule: &str, key: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let d = timed(l, rule, key).await;
-        if d.allowed || d.source == Source::Redis {
+        if d.allowed || (d.source == Source::Redis && !held_by_redis(&d)) {
             return d.allowed;
         }
         assert!(Instant::now() < deadline, "{rule}: still held after 10 s: {d:?}");
-        // real time: the hold is the limiter's recovery spread.
+        // real time: the hold (here, then in Redis) is the limiter's recovery spread.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// Allowed decisions of `rule` on `key` until `calls` calls were made by `source`.
+/// The recovery spread at [`TIMEOUT`]: the breaker's 500 ms open period and a 100 ms back-off. A charge holds
+/// the bucket in Redis this long.
+const SPREAD: Duration = Duration::from_millis(600);
+
+/// Whether `d` is the refusal of a bucket held after a charge: by Redis, for the rest of the spread (the rules'
+/// own refusals wait for a refill of an hour).
+fn held_by_redis(d: &tokenlease::Decision) -> bool {
+    !d.allowed && d.source == Source::Redis && d.retry_after <= SPREAD
+}
+
+/// Allowed decisions of `rule` on `key` until `calls` calls were made by `source` (the refusals of a bucket held
+/// after a charge are waited out, not counted).
 async fn admitted_by(l: &Limiter, rule: &str, key: &str, source: Source, calls: usize) -> u32 {
     let mut allowed = 0;
     let mut made = 0;
     let deadline = Instant::now() + Duration::from_secs(10);
     while made < calls {
         let d = timed(l, rule, key).await;
-        if d.source == source || (source == Source::Redis && d.source == Source::Local) {
+        if held_by_redis(&d) {
+            assert!(Instant::now() < deadline, "{rule}: held for 10 s");
+            // real time: the bucket's hold runs out in Redis.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        } else if d.source == source || (source == Source::Redis && d.source == Source::Local) {
             made += 1;
             allowed += u32::from(d.allowed);
         } else {
@@ -324,4 +339,73 @@ async fn the_first_process_back_holds_the_key_until_the_others_have_charged() {
     assert_eq!(sold, 2, "what is left after both charges");
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A charge holds the bucket itself, in Redis, for the recovery spread: every process's takes are refused until
+/// the others that sold alone could have charged too, even a process that owed nothing and does not honour the
+/// fleet's hold (here one whose rule fails `closed`: it is no member; after a blip shorter than the fleet's
+/// `silent_ms` there is no fleet hold at all). Before, such a process leased at once what the others had sold
+/// alone and not charged yet (invariant 19).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_holds_the_bucket_for_every_process_until_the_others_could_charge() {
+    let mut server = common::RedisServer::start();
+    let stock = |mode: FailMode| {
+        Rule::token_bucket("stock", 20, 1, Duration::from_secs(3600))
+            .expect("rule")
+            .with_fail_mode(mode)
+    };
+    let seller = common::limiter([stock(FailMode::Local)])
+        .redis(&server)
+        .timeout(TIMEOUT)
+        .build();
+    let other = common::limiter([stock(FailMode::Closed)])
+        .redis(&server)
+        .timeout(TIMEOUT)
+        .build();
+    assert_eq!(admitted_by(&seller, "stock", "k", Source::Redis, 1).await, 1);
+    server.stop();
+    let mut alone = u64::from(admitted_by(&seller, "stock", "k", Source::Fallback, 5).await);
+    assert!(alone > 0, "the seller sold alone");
+    // Redis is back without the key (full again); the seller's next calls charge what it sold alone.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = timed(&seller, "stock", "k").await;
+        if d.source == Source::Local {
+            break; // charged: held locally
+        }
+        // Its breaker still open, it sells alone on.
+        alone += u64::from(d.allowed && d.source == Source::Fallback);
+        assert!(Instant::now() < deadline, "the seller never charged: {d:?}");
+        // real time: the seller reconnects to the restarted redis-server and charges there.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let charged = Instant::now();
+    let d = timed(&other, "stock", "k").await;
+    assert!(held_by_redis(&d), "refused by the held bucket: {d:?}");
+    let mut sold = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let d = timed(&other, "stock", "k").await;
+        if d.allowed {
+            assert!(
+                charged.elapsed() >= SPREAD - Duration::from_millis(100),
+                "sold within the hold"
+            );
+            sold += 1;
+        }
+        // real time: the hold runs out in Redis.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        d.remaining,
+        20 - alone,
+        "the charge landed before the refusal (Redis lost the key: full again, less what was sold alone)"
+    );
+    assert_eq!(
+        sold, d.remaining,
+        "what is left after the charge, once the hold is over"
+    );
+    seller.shutdown().await;
+    other.shutdown().await;
 }

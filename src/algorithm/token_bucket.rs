@@ -303,6 +303,28 @@ impl TokenBucket {
         (new, reply)
     }
 
+    /// The refusal of a bucket held until `hold_until_ms` after a debit (`token_return.lua`'s `hold`, invariant
+    /// 19), while `now_ms` is before it: nothing taken, `retry_after_ms` the hold's rest. `None` once the hold has
+    /// ended (or there is none: 0). The taking scripts check it after a ban and before anything else.
+    pub(crate) fn held(
+        &self,
+        state: Option<TokenBucketState>,
+        hold_until_ms: u64,
+        now_ms: u64,
+    ) -> Option<(Option<TokenBucketState>, Reply)> {
+        if hold_until_ms <= now_ms {
+            return None;
+        }
+        let s = self.refill(state, now_ms);
+        let reply = Reply {
+            granted: 0,
+            remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
+            retry_after_ms: ms(hold_until_ms - now_ms),
+            reset_after_ms: self.reset_after(s.level),
+        };
+        Some((self.unchanged(state, s), reply))
+    }
+
     /// Gives `tokens` back at `now_ms`, capped at the capacity; a missing (full) bucket takes nothing.
     /// The reply's `granted` is the number of whole tokens accepted.
     pub(crate) fn give_back(

@@ -356,7 +356,12 @@ impl Fallback {
         past_breaker: bool,
     ) -> Result<(), StoreError> {
         // Longer than a lease: a debit is applied once however often it is sent, so it may wait for a slow link.
-        let call = Call::debit(store_key, bucket, debit.tokens, &debit.id).with_timeout(self.store.timeouts.debit);
+        // The bucket is held for the recovery spread once charged, refusing every process's takes (invariant 19):
+        // the others that sold alone come back on their own clocks, and none may lease what they sold before
+        // their debits land, not even a process that owed nothing and does not beat soon.
+        let hold_ms = u64::try_from(self.store.timeouts.recovery_spread().as_millis()).unwrap_or(u64::MAX);
+        let call =
+            Call::debit(store_key, bucket, debit.tokens, &debit.id, hold_ms).with_timeout(self.store.timeouts.debit);
         let result = if past_breaker {
             self.store.run_past_breaker(&call).await
         } else {

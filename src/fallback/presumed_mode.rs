@@ -46,7 +46,8 @@ impl Fallback {
                 // Beyond two capacities the debit would charge nothing more (it stops at −capacity).
                 let tokens = (presumed.ms.saturating_mul(bucket.rate).div_ceil(bucket.per_ms))
                     .clamp(1, bucket.capacity.saturating_mul(2).min(MAX_EXACT));
-                let call = Call::debit(store_key, *bucket, tokens, debit_id(presumed.epoch))
+                // No hold: the fleet's hold has ended, and nobody else owes this.
+                let call = Call::debit(store_key, *bucket, tokens, debit_id(presumed.epoch), 0)
                     .with_timeout(self.store.timeouts.debit);
                 let reply = self.store.run(&call).await.map_err(Unsettled::Failed)?;
                 tracing::debug!(key = %store_key, tokens, charged = reply.granted, "charged what the fleet presumed");

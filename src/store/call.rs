@@ -43,11 +43,12 @@ pub(crate) enum Op {
     TokenReturn { bucket: TokenBucket, tokens: i64 },
     /// `token_return.lua` with the debit's mark: charge `tokens` admitted alone, once only, however often the
     /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for
-    /// [`debit_mark_ms`]).
+    /// [`debit_mark_ms`]); the bucket is then held `hold_ms` (0: not held), refusing every take.
     Debit {
         bucket: TokenBucket,
         tokens: u64,
         id: String,
+        hold_ms: u64,
     },
     /// `token_acquire.lua`: take `cost` now, into debt, when the wait for the debt fits in `max_wait_ms`.
     TokenAcquire {
@@ -468,9 +469,15 @@ impl Call {
                 v.push(Arg::Int(*tokens));
                 v
             }
-            Op::Debit { bucket: b, tokens, .. } => {
+            Op::Debit {
+                bucket: b,
+                tokens,
+                hold_ms,
+                ..
+            } => {
                 let mut v = bucket(b).to_vec();
                 v.push(Arg::Int(ms(*tokens).saturating_neg()));
+                v.push(int(*hold_ms));
                 v
             }
             Op::TokenAcquire {

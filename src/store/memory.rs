@@ -22,9 +22,9 @@ use crate::rule::Calendar;
 /// of the same hash tag): one entry, one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    /// The bucket (`None` = full), its ban, the marks of the debits applied to it and the last turn handed out
-    /// (ms, 0 when none: `token_lease.lua`'s `turn` field, gone with the bucket when it is full).
-    TokenBucket(Option<TokenBucketState>, Ban, Marks, u64),
+    /// The bucket (`None` = full), its ban, the marks of the debits applied to it, and the fields of its hash
+    /// beside the level.
+    TokenBucket(Option<TokenBucketState>, Ban, Marks, Fields),
     SlidingLog(Log, Ban),
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
@@ -39,6 +39,16 @@ enum State {
 /// keeps each in a key of its own beside the bucket (`token_return.lua`); here they live in the bucket's entry, so a
 /// debit and its mark are one step under one lock.
 type Marks = Vec<(String, u64, u64)>;
+
+/// The fields of a bucket's hash beside its level, gone with the hash: Redis deletes it when the bucket is full
+/// (a save) or expires it when it would be (its TTL, at least the hold's rest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Fields {
+    /// The last turn handed out (ms, 0 when none: `token_lease.lua`'s `turn`).
+    turn_ms: u64,
+    /// Until when the bucket is held after a debit (ms, 0 when never: `token_return.lua`'s `hold`).
+    hold_until_ms: u64,
+}
 
 /// Rate-limit state in a [`DashMap`], one entry per key; each call holds its key's shard lock, so calls on a
 /// key are atomic just as a Lua script is in Redis.
@@ -174,9 +184,12 @@ impl MemoryStore {
                 min,
                 max,
                 batch,
-            } => self.update_bucket_with(key, now, |old, _, _, turn| {
-                let (new, next, reply) = bucket.lease((old, *turn), (*min, *max, *batch), now);
-                *turn = next;
+            } => self.update_bucket_with(key, now, |old, _, _, fields| {
+                if let Some(held) = bucket.held(old, fields.hold_until_ms, now) {
+                    return held;
+                }
+                let (new, next, reply) = bucket.lease((old, fields.turn_ms), (*min, *max, *batch), now);
+                fields.turn_ms = next;
                 (new, reply)
             }),
             Op::TokenBucket {
@@ -184,14 +197,25 @@ impl MemoryStore {
                 min,
                 max,
                 ban_ms,
-            } => self.update_bucket(key, now, |old, ban| {
+            } => self.update_bucket_with(key, now, |old, ban, _, fields| {
+                // The ban first, then the hold, as token_bucket.lua checks them.
+                if ban.left(now).is_none() {
+                    if let Some(held) = bucket.held(old, fields.hold_until_ms, now) {
+                        return held;
+                    }
+                }
                 bucket.take_banned(old, ban, *min, *max, *ban_ms, now)
             }),
             Op::TokenAcquire {
                 bucket,
                 cost,
                 max_wait_ms,
-            } => self.update_bucket(key, now, |old, _| bucket.acquire(old, *cost, *max_wait_ms, now)),
+            } => self.update_bucket_with(key, now, |old, _, _, fields| {
+                if let Some(held) = bucket.held(old, fields.hold_until_ms, now) {
+                    return held;
+                }
+                bucket.acquire(old, *cost, *max_wait_ms, now)
+            }),
             Op::TokenReturn { bucket, tokens } if *tokens < 0 => {
                 self.update_bucket(key, now, |old, _| bucket.debit(old, tokens.unsigned_abs(), now))
             }
@@ -199,7 +223,12 @@ impl MemoryStore {
                 let tokens = tokens.unsigned_abs();
                 self.update_bucket(key, now, |old, _| bucket.give_back(old, tokens, now))
             }
-            Op::Debit { bucket, tokens, id } => self.update_marked(key, now, |old, marks| {
+            Op::Debit {
+                bucket,
+                tokens,
+                id,
+                hold_ms,
+            } => self.update_bucket_with(key, now, |old, _, marks, fields| {
                 marks.retain(|(_, _, until)| *until > now);
                 match marks.iter().find(|(mark, ..)| mark == id) {
                     // Applied already: what it charged then, the bucket as it is now, nothing written.
@@ -212,6 +241,9 @@ impl MemoryStore {
                         let (new, reply) = bucket.debit(old, *tokens, now);
                         let life = debit_mark_ms(*bucket, *tokens);
                         marks.push((id.clone(), reply.granted, now.saturating_add(life)));
+                        if *hold_ms > 0 && new.is_some() {
+                            fields.hold_until_ms = fields.hold_until_ms.max(now.saturating_add(*hold_ms));
+                        }
                         (new, reply)
                     }
                 }
@@ -440,40 +472,37 @@ impl MemoryStore {
         self.update_bucket_with(key, now, |old, ban, _, _| f(old, ban))
     }
 
-    /// As [`MemoryStore::update_bucket`], for a step that reads and writes the bucket's debit marks.
-    fn update_marked(
-        &self,
-        key: &str,
-        now: u64,
-        f: impl FnOnce(Option<TokenBucketState>, &mut Marks) -> (Option<TokenBucketState>, Reply),
-    ) -> Result<Reply, StoreError> {
-        self.update_bucket_with(key, now, |old, _, marks, _| f(old, marks))
-    }
-
-    /// Applies a step to the key's bucket, ban, debit marks and turn; the entry lives until the bucket is full,
-    /// the ban ends and the last mark is forgotten, whichever is latest (Redis's TTLs on the keys). A full bucket
-    /// has no turn (Redis deletes the hash that holds it).
+    /// Applies a step to the key's bucket, ban, debit marks and hash fields; the entry lives until the bucket is
+    /// full, the ban ends, the hold ends and the last mark is forgotten, whichever is latest (Redis's TTLs on the
+    /// keys). The fields go with the hash: once the bucket is full at a save (Redis deletes the hash), or once
+    /// it would be full and no hold is left (Redis expired it).
     fn update_bucket_with(
         &self,
         key: &str,
         now: u64,
-        f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks, &mut u64) -> (Option<TokenBucketState>, Reply),
+        f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks, &mut Fields) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
         self.update_until(key, now, |state| {
-            let (old, mut ban, mut marks, mut turn) = match state {
-                Some((State::TokenBucket(s, ban, marks, turn), _)) => (s, ban, marks, turn),
-                _ => (None, Ban::default(), Marks::new(), 0),
+            let (old, mut ban, mut marks, mut fields) = match state {
+                Some((State::TokenBucket(s, ban, marks, fields), _)) => (s, ban, marks, fields),
+                _ => (None, Ban::default(), Marks::new(), Fields::default()),
             };
-            let (new, reply) = f(old, &mut ban, &mut marks, &mut turn);
+            let hash_until = old
+                .map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX))
+                .max(fields.hold_until_ms);
+            if hash_until <= now {
+                fields = Fields::default();
+            }
+            let (new, reply) = f(old, &mut ban, &mut marks, &mut fields);
             if new.is_none() {
-                turn = 0;
+                fields = Fields::default();
             }
             let full_at = new.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
             let marked = marks.iter().map(|(_, _, until)| *until).max().unwrap_or(0);
-            let until = full_at.max(ban.until_ms).max(marked);
+            let until = full_at.max(ban.until_ms).max(marked).max(fields.hold_until_ms);
             let keep = until > now;
             (
-                keep.then_some((State::TokenBucket(new, ban, marks, turn), until)),
+                keep.then_some((State::TokenBucket(new, ban, marks, fields), until)),
                 reply,
             )
         })
@@ -521,7 +550,7 @@ impl MemoryStore {
         now: u64,
         f: impl FnOnce(Option<(State, u64)>) -> (Option<(State, u64)>, Reply),
     ) -> Result<Reply, StoreError> {
-        let placeholder = || State::TokenBucket(None, Ban::default(), Marks::new(), 0);
+        let placeholder = || State::TokenBucket(None, Ban::default(), Marks::new(), Fields::default());
         Ok(match self.map.entry(key.to_owned()) {
             dashmap::Entry::Occupied(mut e) => {
                 let old = std::mem::replace(&mut e.get_mut().state, placeholder());

@@ -52,11 +52,26 @@ impl Call {
     }
 
     /// `token_return.lua` with a mark: a debit of `tokens` that is applied once, however often it is sent with the
-    /// same `id` (unique to the debit; it must not hold `}`). What a call sent again answers is what the first
+    /// same `id` (unique to the debit; it must not hold `}`), and then holds the bucket `hold_ms` (0: not at all;
+    /// every take is refused until the hold ends, invariant 19). What a call sent again answers is what the first
     /// charged, with the bucket as it is now.
-    pub(crate) fn debit(key: impl Into<String>, bucket: TokenBucket, tokens: u64, id: impl Into<String>) -> Self {
+    pub(crate) fn debit(
+        key: impl Into<String>,
+        bucket: TokenBucket,
+        tokens: u64,
+        id: impl Into<String>,
+        hold_ms: u64,
+    ) -> Self {
         let id = id.into();
-        Self::new(key, Op::Debit { bucket, tokens, id })
+        Self::new(
+            key,
+            Op::Debit {
+                bucket,
+                tokens,
+                id,
+                hold_ms,
+            },
+        )
     }
 
     /// `token_acquire.lua`: take `cost` now and pay later, when the wait fits in `max_wait_ms`.

@@ -29,9 +29,15 @@ fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
 }
 
-/// token_return.lua with the debit's mark: KEYS bucket, `{bucket}:debit:{id}`; ARGV capacity, rate, per_ms, −tokens.
+/// token_return.lua with the debit's mark: KEYS bucket, `{bucket}:debit:{id}`; ARGV capacity, rate, per_ms, −tokens,
+/// hold_ms (0 here: [`held_debit`] holds).
 fn debit(key: &str, params: (u64, u64, u64), tokens: u64, id: &str, now: u64) -> Call {
-    Call::debit(key, bucket(params), tokens, id).at(now)
+    Call::debit(key, bucket(params), tokens, id, 0).at(now)
+}
+
+/// [`debit`] holding the bucket `hold_ms` once applied.
+fn held_debit(key: &str, params: (u64, u64, u64), (tokens, hold_ms): (u64, u64), id: &str, now: u64) -> Call {
+    Call::debit(key, bucket(params), tokens, id, hold_ms).at(now)
 }
 
 fn acquire(key: &str, params: (u64, u64, u64), cost: u64, max_wait_ms: u64, now: u64) -> Call {
@@ -253,6 +259,21 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
                 // Filled by a give-back, the bucket is deleted with its turn: the next turn counts from now.
                 (give(&k("turn"), thousand_per_s, 100, 11), r(100, 100, 0, 0)),
                 (lease(&k("turn"), thousand_per_s, (1, 200, 50), 11), r(100, 0, 30, 100)),
+            ],
+        ),
+        (
+            "a debit that holds the bucket refuses every take until the hold ends; a give-back goes through",
+            vec![
+                (take(&k("held"), (10, 1, 1_000), 1, 1, 0), r(1, 9, 0, 1_000)),
+                (
+                    held_debit(&k("held"), (10, 1, 1_000), (3, 500), "p.1-1", 100),
+                    r(3, 6, 0, 3_900),
+                ),
+                (take(&k("held"), (10, 1, 1_000), 1, 1, 200), r(0, 6, 400, 3_800)),
+                (lease(&k("held"), (10, 1, 1_000), (1, 5, 5), 300), r(0, 6, 300, 3_700)),
+                (acquire(&k("held"), (10, 1, 1_000), 1, 1_000, 400), r(0, 6, 200, 3_600)),
+                (give(&k("held"), (10, 1, 1_000), 1, 450), r(1, 7, 0, 2_550)),
+                (take(&k("held"), (10, 1, 1_000), 1, 1, 600), r(1, 6, 0, 3_400)),
             ],
         ),
         (
