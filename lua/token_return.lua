@@ -2,12 +2,13 @@
 -- negative count, charge it with tokens admitted elsewhere (a debit).
 --
 -- KEYS[1]  the bucket (same hash as token_bucket.lua: level = tokens × per_ms, ts, per, capacity, rate)
--- KEYS[2]  optional, debits only: the debit's mark, `<bucket>:debit:<id>` with an id unique to this debit. A debit
---          whose mark exists was applied already (its reply was lost, say, to a timeout) and is not applied again:
---          the reply gives what it charged then, and the bucket as it is now. A debit applied sets its mark to the
---          tokens it charged (the memory of it, not its meaning: the bucket holds the charge) for 10 minutes, or four
---          refills from empty and twice the debit's refill where that is longer (a presumed debit of the fleet is
---          sent by every process for up to two refills and its own: fleet.lua).
+-- KEYS[2]  optional: the call's mark, `<bucket>:debit:<id>` (`<bucket>:return:<id>` for a give-back) with an id
+--          unique to this call. A call whose mark exists was applied already (its reply was lost, say, to a timeout
+--          or a connection dropped after the script ran and retried) and is not applied again: the reply gives what
+--          it charged or added then, and the bucket as it is now. A debit applied sets its mark to the tokens it
+--          charged (the memory of it, not its meaning: the bucket holds the charge) for 10 minutes, or four refills
+--          from empty and twice the debit's refill where that is longer (a presumed debit of the fleet is sent by
+--          every process for up to two refills and its own: fleet.lua); a give-back for 60 s (its retries).
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
@@ -17,8 +18,8 @@
 --                     a deeper debt of token_acquire.lua as it is: a debit never adds) and says how many it
 --                     charged; the caller carries the rest and charges it once the bucket has refilled.
 -- ARGV[5]  now_ms     optional; when absent the Redis server's TIME is used
--- With the mark (debits only):
--- ARGV[5]  hold_ms    integer ≥ 0: the bucket is held this long after the debit is applied (its `hold` field, ms
+-- With the mark:
+-- ARGV[5]  hold_ms    integer ≥ 0 (0 for a give-back): the bucket is held this long after the debit is applied (its `hold` field, ms
 --                     until which token_bucket.lua, token_lease.lua and token_acquire.lua refuse it): the other
 --                     processes that sold alone come back on their own clocks, and none may take what they sold
 --                     before their debits land (invariant 19). A hold only grows; 0 holds nothing.
@@ -105,9 +106,6 @@ end
 
 local full = capacity * per
 local mark = KEYS[2]
-if mark and n >= 0 then
-  return redis.error_reply('ERR token_return: bad arguments (a debit mark with tokens >= 0)')
-end
 local level, ts = load_bucket(KEYS[1], capacity, rate, per, now)
 if level == nil then
   if n >= 0 then return { 0, capacity, 0, 0 } end
@@ -152,7 +150,10 @@ if level < full then
     redis.call('PEXPIRE', KEYS[1], int(ends - now))
   end
 end
-if mark then
+if mark and n >= 0 then
+  -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
+  redis.call('SET', mark, int(accepted), 'PX', 60000)
+elseif mark then
   local life = 600000
   if rate > 0 then
     local refills = cdiv((4 * capacity - 2 * n) * per, rate)

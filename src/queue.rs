@@ -62,6 +62,8 @@ impl Drop for Reserved<'_> {
             return;
         }
         let Some(back) = self.call.undo() else { return };
+        // A token bucket's tokens go back once, however often the call is sent.
+        let back = back.once(self.queue.members.next());
         let (store, fallback) = (self.queue.store.clone(), self.queue.fallback.clone());
         let (line, slot) = (self.line.clone(), self.slot);
         let local = self.slot.is_some_and(|s| s.source == Source::Fallback);

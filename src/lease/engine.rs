@@ -359,7 +359,8 @@ impl Engine {
     /// Gives `n` unused tokens back to the shared bucket (capped at its capacity by the script).
     pub(crate) async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, n: u64) {
         let tokens = i64::try_from(n).unwrap_or(i64::MAX);
-        let call = Call::give_back(&local.store_key, local.bucket, tokens);
+        // Once: a Cluster client retries a call whose connection dropped after the script ran.
+        let call = Call::give_back(&local.store_key, local.bucket, tokens).once(self.members.next());
         match self.store.run(&call).await {
             Ok(_) => {
                 compiled.metrics.returned_tokens.increment(n);

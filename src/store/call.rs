@@ -39,8 +39,14 @@ pub(crate) enum Op {
         max: u64,
         batch: u64,
     },
-    /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`.
-    TokenReturn { bucket: TokenBucket, tokens: i64 },
+    /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
+    /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 60 s): a give-back
+    /// retried after a connection dropped once the script ran does not add the tokens twice.
+    TokenReturn {
+        bucket: TokenBucket,
+        tokens: i64,
+        id: Option<String>,
+    },
     /// `token_return.lua` with the debit's mark: charge `tokens` admitted alone, once only, however often the
     /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for
     /// [`debit_mark_ms`]); the bucket is then held `hold_ms` (0: not held), refusing every take.
@@ -110,6 +116,10 @@ pub(crate) enum Op {
         admitted: Vec<(u64, u64)>,
     },
 }
+
+/// How long the mark of a give-back is remembered (`token_return.lua` sets it with this PX, ms): longer than the
+/// retries of one call.
+pub(crate) const GIVE_BACK_MARK_MS: u64 = 60_000;
 
 /// How long the mark of a debit of `tokens` to `bucket` is remembered (`token_return.lua` sets it with this PX,
 /// ms): a debit sent again later than this after it was applied would be applied again. Ten minutes, or four
@@ -405,6 +415,9 @@ impl Call {
         if let Op::Debit { id, .. } = &self.op {
             return vec![self.key.clone(), self.debit_key(id)];
         }
+        if let Op::TokenReturn { id: Some(id), .. } = &self.op {
+            return vec![self.key.clone(), format!("{}:return:{id}", self.key)];
+        }
         if let Op::WindowCharge { .. } = self.op {
             return vec![self.key.clone(), self.charges_key()];
         }
@@ -464,9 +477,12 @@ impl Call {
                 v.extend([int(*min), int(*max), int(*batch)]);
                 v
             }
-            Op::TokenReturn { bucket: b, tokens } => {
+            Op::TokenReturn { bucket: b, tokens, id } => {
                 let mut v = bucket(b).to_vec();
                 v.push(Arg::Int(*tokens));
+                if id.is_some() {
+                    v.push(Arg::Int(0)); // hold_ms: a give-back holds nothing
+                }
                 v
             }
             Op::Debit {

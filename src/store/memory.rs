@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::call::{debit_mark_ms, Call, ChargedWindow, Op};
+use super::call::{debit_mark_ms, Call, ChargedWindow, Op, GIVE_BACK_MARK_MS};
 use super::{bad_args, check_sub_buckets, check_window, BoxFuture, Store};
 use crate::algorithm::fleet::Roster;
 use crate::algorithm::window::{Log, SubBuckets};
@@ -216,10 +216,42 @@ impl MemoryStore {
                 }
                 bucket.acquire(old, *cost, *max_wait_ms, now)
             }),
-            Op::TokenReturn { bucket, tokens } if *tokens < 0 => {
+            Op::TokenReturn {
+                bucket,
+                tokens,
+                id: Some(id),
+            } => self.update_bucket_with(key, now, |old, _, marks, _| {
+                let (n, debit) = (tokens.unsigned_abs(), *tokens < 0);
+                let apply = |old, n| {
+                    if debit {
+                        bucket.debit(old, n, now)
+                    } else {
+                        bucket.give_back(old, n, now)
+                    }
+                };
+                if old.is_none() && !debit {
+                    return apply(old, 0); // a missing bucket is full: nothing added, no mark written
+                }
+                marks.retain(|(_, _, until)| *until > now);
+                if let Some(&(_, applied, _)) = marks.iter().find(|(mark, ..)| mark == id) {
+                    // Applied already: what it did then, the bucket as it is now, nothing written.
+                    let (_, mut reply) = apply(old, 0);
+                    reply.granted = applied;
+                    return (old, reply);
+                }
+                let (new, reply) = apply(old, n);
+                let life = if debit {
+                    debit_mark_ms(*bucket, n)
+                } else {
+                    GIVE_BACK_MARK_MS
+                };
+                marks.push((id.clone(), reply.granted, now.saturating_add(life)));
+                (new, reply)
+            }),
+            Op::TokenReturn { bucket, tokens, .. } if *tokens < 0 => {
                 self.update_bucket(key, now, |old, _| bucket.debit(old, tokens.unsigned_abs(), now))
             }
-            Op::TokenReturn { bucket, tokens } => {
+            Op::TokenReturn { bucket, tokens, .. } => {
                 let tokens = tokens.unsigned_abs();
                 self.update_bucket(key, now, |old, _| bucket.give_back(old, tokens, now))
             }

@@ -38,6 +38,13 @@ fn keys_and_argv_follow_the_script_headers() {
     let release = Call::release("tl:{q:j}", queue, 1, "m-2");
     assert_eq!(release.args()[3], Arg::Str("m-2"));
     assert_eq!(Call::give_back("tl:{r:k}", b, -3).args()[3], Arg::Int(-3));
+    let once = Call::give_back("tl:{r:k}", b, 3).once("p.1-8");
+    assert_eq!(once.keys(), ["tl:{r:k}", "tl:{r:k}:return:p.1-8"]);
+    assert_eq!(
+        once.args(),
+        [10, 1, 1_000, 3, 0].map(Arg::Int),
+        "a give-back holds nothing"
+    );
     let debit = Call::debit("tl:{r:k}", b, 3, "p.1-7", 600);
     assert_eq!(debit.keys(), ["tl:{r:k}", "tl:{r:k}:debit:p.1-7"]);
     assert_eq!(debit.args(), [10, 1, 1_000, -3, 600].map(Arg::Int));

@@ -48,7 +48,25 @@ impl Call {
 
     /// `token_return.lua`: `tokens` back to the bucket, or a debit of `-tokens` when negative.
     pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: i64) -> Self {
-        Self::new(key, Op::TokenReturn { bucket, tokens })
+        Self::new(
+            key,
+            Op::TokenReturn {
+                bucket,
+                tokens,
+                id: None,
+            },
+        )
+    }
+
+    /// This give-back (of [`Call::give_back`]) applied once however often it is sent with the same `id` (unique
+    /// to the call; it must not hold `}`): sent again after a connection dropped once the script ran (a Cluster
+    /// client retries such a call), it does not add the tokens twice. Other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn once(mut self, id: impl Into<String>) -> Self {
+        if let Op::TokenReturn { id: mark, .. } = &mut self.op {
+            *mark = Some(id.into());
+        }
+        self
     }
 
     /// `token_return.lua` with a mark: a debit of `tokens` that is applied once, however often it is sent with the

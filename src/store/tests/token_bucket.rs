@@ -29,6 +29,11 @@ fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
 }
 
+/// token_return.lua with a give-back's mark `{bucket}:return:{id}`: ARGV capacity, rate, per_ms, tokens, 0.
+fn give_once(key: &str, params: (u64, u64, u64), tokens: i64, id: &str, now: u64) -> Call {
+    Call::give_back(key, bucket(params), tokens).once(id).at(now)
+}
+
 /// token_return.lua with the debit's mark: KEYS bucket, `{bucket}:debit:{id}`; ARGV capacity, rate, per_ms, −tokens,
 /// hold_ms (0 here: [`held_debit`] holds).
 fn debit(key: &str, params: (u64, u64, u64), tokens: u64, id: &str, now: u64) -> Call {
@@ -274,6 +279,17 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
                 (acquire(&k("held"), (10, 1, 1_000), 1, 1_000, 400), r(0, 6, 200, 3_600)),
                 (give(&k("held"), (10, 1, 1_000), 1, 450), r(1, 7, 0, 2_550)),
                 (take(&k("held"), (10, 1, 1_000), 1, 1, 600), r(1, 6, 0, 3_400)),
+            ],
+        ),
+        (
+            "a give-back with a mark adds its tokens once, however often it is sent",
+            vec![
+                (take(&k("given"), (10, 1, 1_000), 5, 5, 0), r(5, 5, 0, 5_000)),
+                (give_once(&k("given"), (10, 1, 1_000), 3, "r.1", 0), r(3, 8, 0, 2_000)),
+                // Sent again (its connection dropped after the script ran): what it added then, nothing more.
+                (give_once(&k("given"), (10, 1, 1_000), 3, "r.1", 0), r(3, 8, 0, 2_000)),
+                (give_once(&k("given"), (10, 1, 1_000), 3, "r.2", 0), r(2, 10, 0, 0)),
+                (give_once(&k("given"), (10, 1, 1_000), 1, "r.3", 0), r(0, 10, 0, 0)),
             ],
         ),
         (
