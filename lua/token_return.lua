@@ -8,7 +8,7 @@
 --          it charged or added then, and the bucket as it is now. A debit applied sets its mark to the tokens it
 --          charged (the memory of it, not its meaning: the bucket holds the charge) for 10 minutes, or four refills
 --          from empty and twice the debit's refill where that is longer (a presumed debit of the fleet is sent by
---          every process for up to two refills and its own: fleet.lua); a give-back for 60 s (its retries).
+--          every process for up to two refills and its own: fleet.lua); a give-back for 10 s (its retries).
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
@@ -152,7 +152,7 @@ if level < full then
 end
 if mark and n >= 0 then
   -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
-  redis.call('SET', mark, int(accepted), 'PX', 60000)
+  redis.call('SET', mark, int(accepted), 'PX', 10000)
 elseif mark then
   local life = 600000
   if rate > 0 then

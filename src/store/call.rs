@@ -40,7 +40,7 @@ pub(crate) enum Op {
         batch: u64,
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
-    /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 60 s): a give-back
+    /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
     /// retried after a connection dropped once the script ran does not add the tokens twice.
     TokenReturn {
         bucket: TokenBucket,
@@ -119,7 +119,7 @@ pub(crate) enum Op {
 
 /// How long the mark of a give-back is remembered (`token_return.lua` sets it with this PX, ms): longer than the
 /// retries of one call.
-pub(crate) const GIVE_BACK_MARK_MS: u64 = 60_000;
+pub(crate) const GIVE_BACK_MARK_MS: u64 = 10_000;
 
 /// How long the mark of a debit of `tokens` to `bucket` is remembered (`token_return.lua` sets it with this PX,
 /// ms): a debit sent again later than this after it was applied would be applied again. Ten minutes, or four
