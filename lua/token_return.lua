@@ -93,7 +93,8 @@ local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local hold_ms, now_arg = 0, 5
+local hold_ms = 0
+local now_arg = 5
 if KEYS[2] then hold_ms, now_arg = tonumber(ARGV[5]), 6 end
 if not (capacity and rate and per and n and hold_ms) or capacity < 1 or rate < 0 or per < 1 or hold_ms < 0 then
   return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [hold_ms])')

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::call::{debit_mark_ms, Call, ChargedWindow, Op, GIVE_BACK_MARK_MS};
+use super::call::{Call, ChargedWindow, Op};
 use super::{bad_args, check_sub_buckets, check_window, BoxFuture, Store};
 use crate::algorithm::fleet::Roster;
 use crate::algorithm::window::{Log, SubBuckets};
@@ -17,6 +17,10 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Source;
 use crate::error::StoreError;
 use crate::rule::Calendar;
+use hash::{Fields, Marks};
+
+mod bucket;
+mod hash;
 
 /// Per-key state of the in-process store. The ban lives beside the window (Redis keeps it in a second key
 /// of the same hash tag): one entry, one lock.
@@ -33,21 +37,6 @@ enum State {
     Charges(BTreeSet<String>),
     /// A rule's roster (`fleet.lua`'s three keys in one entry).
     Roster(Roster),
-}
-
-/// The debits applied to a bucket, by id: what each charged (tokens) and until when it is remembered (ms). Redis
-/// keeps each in a key of its own beside the bucket (`token_return.lua`); here they live in the bucket's entry, so a
-/// debit and its mark are one step under one lock.
-type Marks = Vec<(String, u64, u64)>;
-
-/// The fields of a bucket's hash beside its level, gone with the hash: Redis deletes it when the bucket is full
-/// (a save) or expires it when it would be (its TTL, at least the hold's rest).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Fields {
-    /// The last turn handed out (ms, 0 when none: `token_lease.lua`'s `turn`).
-    turn_ms: u64,
-    /// Until when the bucket is held after a debit (ms, 0 when never: `token_return.lua`'s `hold`).
-    hold_until_ms: u64,
 }
 
 /// Rate-limit state in a [`DashMap`], one entry per key; each call holds its key's shard lock, so calls on a
@@ -179,107 +168,11 @@ impl MemoryStore {
             }
             Op::TokenAcquire { cost: 0, .. } => Err(bad_args(call, "need 1 <= min <= max")),
             Op::TokenLease { min, max, .. } if *min == 0 || max < min => Err(bad_args(call, "need 1 <= min <= max")),
-            Op::TokenLease {
-                bucket,
-                min,
-                max,
-                batch,
-            } => self.update_bucket_with(key, now, |old, _, _, fields| {
-                if let Some(held) = bucket.held(old, fields.hold_until_ms, now) {
-                    return held;
-                }
-                let (new, next, reply) = bucket.lease((old, fields.turn_ms), (*min, *max, *batch), now);
-                fields.turn_ms = next;
-                (new, reply)
-            }),
-            Op::TokenBucket {
-                bucket,
-                min,
-                max,
-                ban_ms,
-            } => self.update_bucket_with(key, now, |old, ban, _, fields| {
-                // The ban first, then the hold, as token_bucket.lua checks them.
-                if ban.left(now).is_none() {
-                    if let Some(held) = bucket.held(old, fields.hold_until_ms, now) {
-                        return held;
-                    }
-                }
-                bucket.take_banned(old, ban, *min, *max, *ban_ms, now)
-            }),
-            Op::TokenAcquire {
-                bucket,
-                cost,
-                max_wait_ms,
-            } => self.update_bucket_with(key, now, |old, _, _, fields| {
-                if let Some(held) = bucket.held(old, fields.hold_until_ms, now) {
-                    return held;
-                }
-                bucket.acquire(old, *cost, *max_wait_ms, now)
-            }),
-            Op::TokenReturn {
-                bucket,
-                tokens,
-                id: Some(id),
-            } => self.update_bucket_with(key, now, |old, _, marks, _| {
-                let (n, debit) = (tokens.unsigned_abs(), *tokens < 0);
-                let apply = |old, n| {
-                    if debit {
-                        bucket.debit(old, n, now)
-                    } else {
-                        bucket.give_back(old, n, now)
-                    }
-                };
-                if old.is_none() && !debit {
-                    return apply(old, 0); // a missing bucket is full: nothing added, no mark written
-                }
-                marks.retain(|(_, _, until)| *until > now);
-                if let Some(&(_, applied, _)) = marks.iter().find(|(mark, ..)| mark == id) {
-                    // Applied already: what it did then, the bucket as it is now, nothing written.
-                    let (_, mut reply) = apply(old, 0);
-                    reply.granted = applied;
-                    return (old, reply);
-                }
-                let (new, reply) = apply(old, n);
-                let life = if debit {
-                    debit_mark_ms(*bucket, n)
-                } else {
-                    GIVE_BACK_MARK_MS
-                };
-                marks.push((id.clone(), reply.granted, now.saturating_add(life)));
-                (new, reply)
-            }),
-            Op::TokenReturn { bucket, tokens, .. } if *tokens < 0 => {
-                self.update_bucket(key, now, |old, _| bucket.debit(old, tokens.unsigned_abs(), now))
-            }
-            Op::TokenReturn { bucket, tokens, .. } => {
-                let tokens = tokens.unsigned_abs();
-                self.update_bucket(key, now, |old, _| bucket.give_back(old, tokens, now))
-            }
-            Op::Debit {
-                bucket,
-                tokens,
-                id,
-                hold_ms,
-            } => self.update_bucket_with(key, now, |old, _, marks, fields| {
-                marks.retain(|(_, _, until)| *until > now);
-                match marks.iter().find(|(mark, ..)| mark == id) {
-                    // Applied already: what it charged then, the bucket as it is now, nothing written.
-                    Some(&(_, charged, _)) => {
-                        let (_, mut reply) = bucket.debit(old, 0, now);
-                        reply.granted = charged;
-                        (old, reply)
-                    }
-                    None => {
-                        let (new, reply) = bucket.debit(old, *tokens, now);
-                        let life = debit_mark_ms(*bucket, *tokens);
-                        marks.push((id.clone(), reply.granted, now.saturating_add(life)));
-                        if *hold_ms > 0 && new.is_some() {
-                            fields.hold_until_ms = fields.hold_until_ms.max(now.saturating_add(*hold_ms));
-                        }
-                        (new, reply)
-                    }
-                }
-            }),
+            Op::TokenLease { .. }
+            | Op::TokenBucket { .. }
+            | Op::TokenAcquire { .. }
+            | Op::TokenReturn { .. }
+            | Op::Debit { .. } => self.run_bucket(call, now),
             Op::SlidingLog {
                 window_ms,
                 limit,
@@ -490,54 +383,6 @@ impl MemoryStore {
             State::Charges(ids) => ids.insert(id.to_owned()),
             _ => false,
         }
-    }
-
-    /// Applies a token-bucket step to the key's bucket and ban; a full bucket with no ban is dropped. The entry
-    /// lives until the bucket is full again at the parameters it records, or the ban ends (Redis's TTLs on the two
-    /// keys): a reload that raises the rate shortens it, as the script's `PEXPIRE` does.
-    fn update_bucket(
-        &self,
-        key: &str,
-        now: u64,
-        f: impl FnOnce(Option<TokenBucketState>, &mut Ban) -> (Option<TokenBucketState>, Reply),
-    ) -> Result<Reply, StoreError> {
-        self.update_bucket_with(key, now, |old, ban, _, _| f(old, ban))
-    }
-
-    /// Applies a step to the key's bucket, ban, debit marks and hash fields; the entry lives until the bucket is
-    /// full, the ban ends, the hold ends and the last mark is forgotten, whichever is latest (Redis's TTLs on the
-    /// keys). The fields go with the hash: once the bucket is full at a save (Redis deletes the hash), or once
-    /// it would be full and no hold is left (Redis expired it).
-    fn update_bucket_with(
-        &self,
-        key: &str,
-        now: u64,
-        f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks, &mut Fields) -> (Option<TokenBucketState>, Reply),
-    ) -> Result<Reply, StoreError> {
-        self.update_until(key, now, |state| {
-            let (old, mut ban, mut marks, mut fields) = match state {
-                Some((State::TokenBucket(s, ban, marks, fields), _)) => (s, ban, marks, fields),
-                _ => (None, Ban::default(), Marks::new(), Fields::default()),
-            };
-            let hash_until = old
-                .map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX))
-                .max(fields.hold_until_ms);
-            if hash_until <= now {
-                fields = Fields::default();
-            }
-            let (new, reply) = f(old, &mut ban, &mut marks, &mut fields);
-            if new.is_none() {
-                fields = Fields::default();
-            }
-            let full_at = new.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
-            let marked = marks.iter().map(|(_, _, until)| *until).max().unwrap_or(0);
-            let until = full_at.max(ban.until_ms).max(marked).max(fields.hold_until_ms);
-            let keep = until > now;
-            (
-                keep.then_some((State::TokenBucket(new, ban, marks, fields), until)),
-                reply,
-            )
-        })
     }
 
     /// Applies a leaky-bucket step to the key's queue.
