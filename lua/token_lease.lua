@@ -72,13 +72,22 @@ end
 -- other expires when it would be full again, never at rate 0 (expiring would refill a stock).
 local function save_bucket(key, level, ts, capacity, rate, per)
   local full = capacity * per
-  if level >= full then
+  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends.
+  local held = (tonumber(redis.call('HGET', key, 'hold') or '0') or 0) - ts
+  if level >= full and held <= 0 then
     redis.call('DEL', key)
     return
   end
+  if level > full then level = full end
   redis.call('HSET', key, 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity),
     'rate', int(rate))
-  if rate == 0 then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, int(cdiv(full - level, rate))) end
+  if rate == 0 then
+    redis.call('PERSIST', key)
+    return
+  end
+  local ttl = cdiv(full - level, rate)
+  if held > ttl then ttl = held end
+  redis.call('PEXPIRE', key, int(ttl))
 end
 
 local capacity = tonumber(ARGV[1])

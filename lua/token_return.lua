@@ -80,13 +80,22 @@ end
 -- other expires when it would be full again, never at rate 0 (expiring would refill a stock).
 local function save_bucket(key, level, ts, capacity, rate, per)
   local full = capacity * per
-  if level >= full then
+  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends.
+  local held = (tonumber(redis.call('HGET', key, 'hold') or '0') or 0) - ts
+  if level >= full and held <= 0 then
     redis.call('DEL', key)
     return
   end
+  if level > full then level = full end
   redis.call('HSET', key, 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity),
     'rate', int(rate))
-  if rate == 0 then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, int(cdiv(full - level, rate))) end
+  if rate == 0 then
+    redis.call('PERSIST', key)
+    return
+  end
+  local ttl = cdiv(full - level, rate)
+  if held > ttl then ttl = held end
+  redis.call('PEXPIRE', key, int(ttl))
 end
 
 local capacity = tonumber(ARGV[1])
@@ -108,8 +117,13 @@ end
 local full = capacity * per
 local mark = KEYS[2]
 local level, ts = load_bucket(KEYS[1], capacity, rate, per, now)
+local charged = mark and tonumber(redis.call('GET', mark))
 if level == nil then
-  if n >= 0 then return { 0, capacity, 0, 0 } end
+  if n >= 0 then
+    -- Nothing to add to a full bucket; the mark still says so, or a retry after a take would add.
+    if mark and not charged then redis.call('SET', mark, '0', 'PX', 10000) end
+    return { charged or 0, capacity, 0, 0 }
+  end
   level = full
 end
 local function reply(accepted)
@@ -121,7 +135,6 @@ local function reply(accepted)
   if remaining < 0 then remaining = 0 end -- still in debt
   return { accepted, remaining, 0, reset_after }
 end
-local charged = mark and tonumber(redis.call('GET', mark))
 if charged then return reply(charged) end -- applied already: nothing is written
 
 local accepted = 0
@@ -143,7 +156,7 @@ save_bucket(KEYS[1], level, ts, capacity, rate, per)
 if level < full then
   -- The hold lives in the bucket's hash, and the hash at least as long as the hold.
   local ends = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
-  if hold_ms > 0 and now + hold_ms > ends then
+  if hold_ms > 0 and accepted > 0 and now + hold_ms > ends then
     ends = now + hold_ms
     redis.call('HSET', KEYS[1], 'hold', int(ends))
   end

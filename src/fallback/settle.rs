@@ -7,11 +7,14 @@ use std::sync::Arc;
 use super::{split_store_key, Fallback};
 
 impl Fallback {
-    /// Whether any key of `rule` owes what its local share admitted alone (a token bucket's debit, a window's
-    /// write-back, a queue's slots).
+    /// Whether any key of `rule` owes what its local share admitted alone and no charge has taken to the store
+    /// yet (a token bucket's debit, a window's write-back, a queue's slots): what the fleet's hold waits for. A
+    /// token bucket's debt carried past the bucket's floor (−capacity) does not count: the bucket charged to its
+    /// floor makes up for it, and waiting for the refill that lets it land would hold the fleet, and presume
+    /// this live member, over and over.
     pub(crate) fn owes(&self, rule: &str) -> bool {
         let of_rule = |key: &str| split_store_key(key).0 == rule;
-        (self.buckets.any_owed() && self.buckets.owing_keys().iter().any(|(key, _)| of_rule(key)))
+        (self.buckets.any_owed() && self.buckets.uncharged_keys().iter().any(|key| of_rule(key)))
             || (self.window_shares.any_owed() && self.window_shares.owing_keys().iter().any(|(key, _)| of_rule(key)))
             || (self.queues.any_owed() && self.queues.owing_keys().iter().any(|key| of_rule(key)))
     }

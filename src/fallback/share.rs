@@ -59,6 +59,10 @@ struct Share {
     state: Option<TokenBucketState>,
     /// Tokens admitted alone and not in a debit yet.
     owed: u64,
+    /// Of `owed`, what a debit already took down to the shared bucket's floor (−capacity) and could not charge:
+    /// carried to a later debit, once the bucket has refilled. The fleet need not wait for it: the bucket
+    /// charged to its floor already makes up for it (invariant 19).
+    carried: u64,
     /// The debit sent whose answer is not known (it failed, or timed out, perhaps after the store applied it):
     /// its id and tokens, sent again as they are before anything else of the key.
     pending: Option<(String, u64)>,
@@ -123,6 +127,7 @@ impl Shares {
                     bucket,
                     state: Some(lowered(None)),
                     owed: 0,
+                    carried: 0,
                     pending: None,
                     settling: false,
                     touched_ms: now_ms,
@@ -150,6 +155,7 @@ impl Shares {
                 bucket,
                 state: Some(empty(share, now_ms)),
                 owed: 0,
+                carried: 0,
                 pending: None,
                 settling: false,
                 touched_ms: now_ms,
@@ -257,6 +263,7 @@ impl Shares {
         if let Some((_, tokens)) = entry.pending.take() {
             let charged = charged.min(tokens);
             entry.owed = entry.owed.saturating_add(tokens - charged);
+            entry.carried = tokens - charged;
             drop(entry);
             self.owed.fetch_sub(charged, Ordering::AcqRel);
         }
@@ -269,6 +276,7 @@ impl Shares {
         };
         let pending = entry.pending.take().map_or(0, |(_, tokens)| tokens);
         let tokens = std::mem::take(&mut entry.owed).saturating_add(pending);
+        entry.carried = 0;
         entry.settling = false;
         drop(entry);
         self.owed.fetch_sub(tokens, Ordering::AcqRel);
@@ -285,6 +293,17 @@ impl Shares {
                 || s.held_until_ms > now_ms
                 || now_ms.saturating_sub(s.touched_ms) < idle_ms
         });
+    }
+
+    /// Every key that owes tokens no debit has taken to the shared bucket yet (what it admitted alone since its
+    /// last charge, or a debit whose answer is not known): what the fleet's hold waits for. A key that owes only
+    /// what a debit carried past the bucket's floor is not listed.
+    pub(crate) fn uncharged_keys(&self) -> Vec<String> {
+        self.map
+            .iter()
+            .filter(|e| e.owed > e.carried || e.pending.is_some() || e.settling)
+            .map(|e| e.key().clone())
+            .collect()
     }
 
     /// Every key that owes tokens, with how many (for shutdown, when all of it is charged).
@@ -361,6 +380,32 @@ mod tests {
         shares.report("k", (BUCKET, 2), 0, 1_000);
         assert_eq!(granted(&shares, 1, 5_000), 0);
         assert_eq!(granted(&shares, 1, 5_200), 1);
+    }
+
+    #[test]
+    fn a_debt_carried_past_the_floor_is_not_waited_for_but_a_new_one_is() {
+        let shares = Shares::new(10);
+        let mut id = ids();
+        shares.report("k", (BUCKET, 2), 10, 0);
+        assert_eq!(granted(&shares, 3, 0), 3);
+        assert_eq!(shares.uncharged_keys(), ["k"], "admitted alone, never charged");
+        let debit = shares.take_owed("k", &mut id).expect("free").expect("owed");
+        assert_eq!(shares.uncharged_keys(), ["k"], "a charge in flight");
+        // The bucket was at its floor: one token charged, two carried.
+        shares.settled("k", Some(1));
+        assert_eq!(debit.tokens, 3);
+        assert!(
+            shares.uncharged_keys().is_empty(),
+            "only carried: the fleet need not wait"
+        );
+        assert_eq!(
+            shares.owing_keys(),
+            [("k".to_owned(), 2)],
+            "still owed, and charged later"
+        );
+        // Admitted alone again: waited for again.
+        assert_eq!(granted(&shares, 1, 2_000), 1);
+        assert_eq!(shares.uncharged_keys(), ["k"]);
     }
 
     #[test]

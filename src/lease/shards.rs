@@ -161,6 +161,11 @@ impl Shards {
     /// several; what was gathered goes back home when even all of them cannot.
     #[cold]
     fn steal(&self, i: usize, home: &Shard, cost: u64) -> Option<u64> {
+        // A key run dry refuses without a move, so that its refusals never keep [`Shards::total`] retrying (a sum
+        // read while tokens were being added may refuse once for nothing).
+        if self.glance() < cost {
+            return None;
+        }
         let _moving = Moving::start(&self.moves);
         let n = self.shards.len();
         for j in (1..n).map(|k| (i + k) & (n - 1)) {

@@ -61,7 +61,14 @@ impl MemoryStore {
             } => self.update_bucket_with(key, now, |old, _, marks, fields| {
                 let (n, debit) = (tokens.unsigned_abs(), *tokens < 0);
                 if old.is_none() && !debit {
-                    return bucket.give_back(old, 0, now); // a missing bucket is full: nothing added, no mark
+                    // A full bucket: nothing added, and the mark says so, or a retry after a take would add.
+                    marks.retain(|(_, _, until)| *until > now);
+                    let (new, mut reply) = bucket.give_back(old, 0, now);
+                    match marks.iter().find(|(mark, ..)| mark == id) {
+                        Some(&(_, applied, _)) => reply.granted = applied,
+                        None => marks.push((id.clone(), 0, now.saturating_add(GIVE_BACK_MARK_MS))),
+                    }
+                    return (new, reply);
                 }
                 once((bucket, old, now), (marks, fields), (id, debit, n, 0))
             }),
@@ -118,7 +125,8 @@ impl MemoryStore {
                 fields = Fields::default();
             }
             let (new, reply) = f(old, &mut ban, &mut marks, &mut fields);
-            if new.is_none() {
+            // A held bucket keeps its hash, full or not, until the hold ends (token buckets' save_bucket).
+            if new.is_none() && fields.hold_until_ms <= now {
                 fields = Fields::default();
             }
             let full_at = new.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
@@ -161,7 +169,7 @@ fn once(
         GIVE_BACK_MARK_MS
     };
     marks.push((id.to_owned(), reply.granted, now.saturating_add(life)));
-    if hold_ms > 0 && new.is_some() {
+    if hold_ms > 0 && reply.granted > 0 && new.is_some() {
         fields.hold_until_ms = fields.hold_until_ms.max(now.saturating_add(hold_ms));
     }
     (new, reply)

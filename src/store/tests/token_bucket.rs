@@ -282,6 +282,43 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             ],
         ),
         (
+            "a held bucket keeps its hold when a give-back fills it or a reload rewrites it",
+            vec![
+                (take(&k("held-full"), (10, 1, 1_000), 5, 5, 0), r(5, 5, 0, 5_000)),
+                (
+                    held_debit(&k("held-full"), (10, 1, 1_000), (1, 500), "p.1-2", 0),
+                    r(1, 4, 0, 6_000),
+                ),
+                (give(&k("held-full"), (10, 1, 1_000), 6, 10), r(6, 10, 0, 0)),
+                (take(&k("held-full"), (10, 1, 1_000), 10, 10, 20), r(0, 10, 480, 0)),
+                (take(&k("held-full"), (10, 1, 1_000), 10, 10, 500), r(10, 0, 0, 10_000)),
+                (
+                    held_debit(&k("held-reload"), (10, 10, 1_000), (1, 5_000), "p.1-3", 1_000),
+                    r(1, 9, 0, 100),
+                ),
+                // Refused with a rate doubled by a reload: the bucket is written at the new rate, held as long.
+                (
+                    take(&k("held-reload"), (10, 20, 1_000), 1, 1, 1_060),
+                    r(0, 9, 4_940, 20),
+                ),
+                (
+                    take(&k("held-reload"), (10, 20, 1_000), 1, 1, 1_300),
+                    r(0, 10, 4_700, 0),
+                ),
+            ],
+        ),
+        (
+            "a marked give-back to a full bucket adds nothing, and a retry after a take adds nothing either",
+            vec![
+                (give_once(&k("given-full"), (10, 1, 1_000), 5, "g.1", 0), r(0, 10, 0, 0)),
+                (take(&k("given-full"), (10, 1, 1_000), 8, 8, 0), r(8, 2, 0, 8_000)),
+                (
+                    give_once(&k("given-full"), (10, 1, 1_000), 5, "g.1", 0),
+                    r(0, 2, 0, 8_000),
+                ),
+            ],
+        ),
+        (
             "a give-back with a mark adds its tokens once, however often it is sent",
             vec![
                 (take(&k("given"), (10, 1, 1_000), 5, 5, 0), r(5, 5, 0, 5_000)),
@@ -323,8 +360,9 @@ fn connect(server: &RedisServer) -> redis::Connection {
         .expect("a connection")
 }
 
-/// The bucket a real Redis holds under `key` (`None`: no key): the hash's fields, read with `HMGET`. A field
-/// missing (a key written before the hash recorded its parameters) reads as 0.
+/// The bucket a real Redis holds under `key` (`None`: no key, or a full level, which a held bucket keeps in its
+/// hash): the hash's fields, read with `HMGET`. A field missing (a key written before the hash recorded its
+/// parameters) reads as 0.
 fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<TokenBucketState> {
     let fields: Vec<Option<i64>> = redis::cmd("HMGET")
         .arg(key)
@@ -332,11 +370,13 @@ fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<TokenBucketSta
         .query(con)
         .expect("HMGET");
     let uint = |i: usize| fields[i].and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
-    Some(TokenBucketState {
+    let state = TokenBucketState {
         level: fields[0]?,
         ts_ms: u64::try_from(fields[1]?).ok()?,
         bucket: bucket((uint(3), uint(4), uint(2))),
-    })
+    };
+    let full = i64::try_from(uint(3).saturating_mul(uint(2))).unwrap_or(i64::MAX);
+    (state.level < full).then_some(state)
 }
 
 /// Replays `steps` on both stores side by side, on the same keys: every reply is the expected one and, after
