@@ -30,7 +30,10 @@
 -- calls the rule's keys until each has reported or hold_ms has passed. A member that has not reported by then
 -- may have exited with its debt: it is presumed to have sold its whole local share, 1/count of a full bucket and
 -- of the refill while it was silent and through the hold, and its term is the time that takes to refill:
---   term = ceil((refill + min(now - heard, max(cut_ms, live_ms) + silent_ms) + hold_ms) / count)
+--   term = ceil((refill + min(now - heard, max(cut_ms, live_ms, outage) + silent_ms) + hold_ms) / count)
+-- where outage is how long nobody at all was heard. Members unheard for keep_ms before anyone was last heard are
+-- forgotten, so after an outage those there when it began are kept for this hold; the roster itself outlives the
+-- last beat it heard by 60 keep_ms.
 -- with refill the longest refill_ms any member sent. The terms of those still owing at the hold's end add up to the
 -- presumption, which every process charges to each key of the rule before the key's next store call: a token
 -- bucket presumed_ms × rate of tokens (the debit's mark named by the epoch applies it once), a leaky queue a wait
@@ -63,8 +66,16 @@ if not now then
 end
 
 local roster, hold, owing, counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
--- Members forgotten drop out of the count; a hold keeps their terms.
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', roster, '-inf', '(' .. int(now - keep_ms))) do
+-- When anyone was last heard, at most now (now on an empty roster): after an outage, about when it began.
+local function last_heard()
+  local top = redis.call('ZREVRANGE', roster, 0, 0, 'WITHSCORES')
+  local at = tonumber(top[2]) or now
+  if at > now then at = now end
+  return at
+end
+-- Members unheard for keep_ms before anyone was last heard are forgotten (a hold keeps their terms): after an
+-- outage, those that were there when it began are kept for the hold that presumes them.
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', roster, '-inf', '(' .. int(last_heard() - keep_ms))) do
   redis.call('ZREM', roster, m)
   redis.call('HDEL', counts, m)
 end
@@ -105,12 +116,14 @@ if not leave and not redis.call('ZSCORE', roster, member) and redis.call('ZCARD'
   joins_silence = redis.call('ZCOUNT', roster, int(now - silent_ms), '+inf') == 0
 end
 if (back or joins_silence) and not holding() then
+  local outage = now - last_heard() -- how long the whole roster was silent
   -- What m is presumed to have sold alone if it never reports, in ms of refill (see above).
   local function term(m)
     if refill_ms < 0 then return 0 end
     local heard = tonumber(redis.call('ZSCORE', roster, m)) or now
     local bound = cut_ms
     if live_ms > bound then bound = live_ms end
+    if outage > bound then bound = outage end
     local alone = now - heard
     if alone < 0 then alone = 0 end
     if alone > bound + silent_ms then alone = bound + silent_ms end
@@ -143,7 +156,9 @@ else
 end
 redis.call('HSET', hold, 'epoch', int(epoch), 'until', int(hold_until), 'refill', int(refill),
   'presumed_epoch', int(presumed_epoch), 'presumed_ms', int(presumed), 'presumed_at', int(presumed_at))
-local last = now + keep_ms
+-- The roster outlives the last beat it heard by 60 keep_ms (ROSTER_KEEPS in src/algorithm/fleet.rs).
+local top = redis.call('ZREVRANGE', roster, 0, 0, 'WITHSCORES')
+local last = (tonumber(top[2]) or 0) + 60 * keep_ms
 if hold_until > last then last = hold_until end
 if presumed > 0 and keep_until() > last then last = keep_until() end
 for _, key in ipairs({ roster, hold, counts }) do redis.call('PEXPIRE', key, int(last - now)) end

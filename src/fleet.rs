@@ -541,9 +541,8 @@ mod tests {
         beat(&fleet[0]).await;
         assert_eq!(fleet[0].held("sale"), None);
         let presumed = fleet[0].presumed("sale").expect("m3 presumed");
-        // m3 was counted 3 (the third to join) and silent 5 s (bounded by the live window and silent_ms: 4.5 s)
-        // and through the hold.
-        let term = (10_000 + 4_500 + hold_ms).div_ceil(3);
+        // m3 was counted 3 (the third to join) and silent the 5 s nobody was heard, and through the hold.
+        let term = (10_000 + 5_000 + hold_ms).div_ceil(3);
         assert_eq!((presumed.epoch, presumed.ms), (105_000, term));
         assert_eq!(presumed.at_ms, 105_000 + hold_ms, "heard at the beat after the hold");
         // A beat that never comes keeps the keys held no longer than a debit's timeout and two beats.

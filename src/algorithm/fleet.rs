@@ -25,6 +25,10 @@ use std::collections::BTreeMap;
 
 use super::Reply;
 
+/// How many `keep_ms` the roster outlives the last beat it heard (an hour at the shipped 60 s): an outage that
+/// long still finds who was there when it began (`lua/fleet.lua` has the same 60).
+pub(crate) const ROSTER_KEEPS: u64 = 60;
+
 /// One member's beat, with the roster's timings (all in ms).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Beat {
@@ -163,17 +167,25 @@ impl Roster {
         }
     }
 
+    /// When anyone was last heard, at most `now_ms` (`now_ms` when nobody is on the roster): after an outage,
+    /// about when it began.
+    fn last_heard(&self, now_ms: u64) -> u64 {
+        self.heard.values().max().copied().unwrap_or(now_ms).min(now_ms)
+    }
+
     /// What `member`, silent, is presumed to have sold alone if it never reports to a hold that starts at
     /// `now_ms`, in ms of refill: its local share was `1 / count` of a full bucket (the roster's longest refill)
-    /// and of the refill from when it was last heard (at most `max(cut_ms, live_ms) + silent_ms` before: a member
-    /// silent longer most likely exited before the outage) to the end of the hold's wait; so its term is
-    /// `(refill + that time) / count`, rounded up. 0 when the beat presumes nothing.
+    /// and of the refill from when it was last heard (at most `max(cut_ms, live_ms, the silence of the whole
+    /// roster) + silent_ms` before: a member silent longer most likely exited before the outage) to the end of
+    /// the hold's wait; so its term is `(refill + that time) / count`, rounded up. 0 when the beat presumes
+    /// nothing. Called before the beat is recorded.
     pub(crate) fn term(&self, member: &str, beat: &Beat, now_ms: u64) -> u64 {
         let (Some(_), Some(refill_ms)) = (beat.refill_ms, self.refill_ms) else {
             return 0;
         };
         let heard = self.heard.get(member).copied().unwrap_or(now_ms);
-        let bound = beat.cut_ms.max(beat.live_ms).saturating_add(beat.silent_ms);
+        let outage = now_ms.saturating_sub(self.last_heard(now_ms));
+        let bound = (beat.cut_ms.max(beat.live_ms).max(outage)).saturating_add(beat.silent_ms);
         let alone = now_ms.saturating_sub(heard).min(bound).saturating_add(beat.hold_ms);
         let count = self.counts.get(member).copied().unwrap_or(1).max(1);
         refill_ms.saturating_add(alone).div_ceil(count)
@@ -181,8 +193,9 @@ impl Roster {
 
     /// Records `beat` at `now_ms` and answers the live count, the hold and the presumption.
     pub(crate) fn beat(&mut self, beat: &Beat, now_ms: u64) -> Count {
-        let forget_before = now_ms.saturating_sub(beat.keep_ms);
-        // Members forgotten drop out of the count; a hold keeps their terms.
+        // Members unheard for keep_ms before anyone was last heard are forgotten (a hold keeps their terms): after
+        // an outage, those that were there when it began are kept for the hold that presumes them.
+        let forget_before = self.last_heard(now_ms).saturating_sub(beat.keep_ms);
         let gone: Vec<String> = (self.heard.iter())
             .filter(|(_, at)| **at < forget_before)
             .map(|(m, _)| m.clone())
@@ -267,10 +280,11 @@ impl Roster {
             .count() as u64
     }
 
-    /// When the roster may be forgotten (ms): its last member is forgotten, no hold waits and no presumption is
-    /// kept.
+    /// When the roster may be forgotten (ms): [`ROSTER_KEEPS`] × `keep_ms` after anyone was last heard (an
+    /// outage that long still finds who was there when it began), no hold waits and no presumption is kept.
     pub(crate) fn expires_at_ms(&self, keep_ms: u64) -> u64 {
         let last = self.heard.values().max().copied().unwrap_or(0);
+        let keep_ms = keep_ms.saturating_mul(ROSTER_KEEPS);
         let presumed = if self.presumed.ms > 0 {
             let refill = self.refill_ms.unwrap_or(0);
             (self.presumed.at_ms)
@@ -311,8 +325,11 @@ mod tests {
         // `a` was last heard at 0: at 3 000 it is no longer live, but still remembered.
         assert_eq!(roster.beat(&beat("b", false, true), 3_000).processes, 2);
         assert!(roster.heard.contains_key("a"));
-        // Unheard for keep_ms, it is forgotten.
+        // Unheard for keep_ms before anyone was last heard, it is forgotten: not while the whole roster was silent
+        // (it was there when the silence began), at the next beat after.
         roster.beat(&beat("b", false, true), 61_000);
+        assert!(roster.heard.contains_key("a"));
+        roster.beat(&beat("b", false, true), 61_001);
         assert!(!roster.heard.contains_key("a"));
     }
 
@@ -447,9 +464,37 @@ mod tests {
         roster.beat(&presuming("a", (true, true), 10_000, 3_000), 14_000);
         let second = roster.beat(&beat("a", false, true), 16_000).presumed;
         // `b` (last heard at 2.5 s) and `c` (at 0, still on the roster until keep_ms) are presumed for at most
-        // max(cut, live) + silent of silence, each counted 3.
-        let term = (10_000 + 4_500 + 2_000_u64).div_ceil(3);
+        // max(cut, live, the 4 s nobody was heard) + silent of silence, each counted 3.
+        let term = (10_000 + 5_500 + 2_000_u64).div_ceil(3);
         assert_eq!((second.epoch, second.ms), (14_000, 2 * term + first.ms));
+    }
+
+    #[test]
+    fn an_outage_longer_than_keep_ms_still_presumes_who_was_there_when_it_began() {
+        for first in ["a back", "a newcomer"] {
+            let mut roster = Roster::default();
+            for m in ["a", "b", "c"] {
+                roster.beat(&presuming(m, (false, true), 10_000, 0), 0);
+            }
+            // Ten minutes without a beat reaching the store, far past keep_ms: b and c exited during it.
+            let now = 600_000;
+            let beat = match first {
+                "a back" => presuming("a", (true, true), 10_000, now),
+                _ => presuming("new", (false, true), 10_000, 0),
+            };
+            assert_eq!(roster.beat(&beat, now).hold_ms, 2_000, "{first}");
+            // Each may have sold alone through the whole outage: (refill + 600 s + the hold) / its count.
+            let expected: Vec<&str> = match first {
+                "a back" => vec!["b", "c"],
+                _ => vec!["a", "b", "c"],
+            };
+            assert_eq!(
+                roster.owing.keys().map(String::as_str).collect::<Vec<_>>(),
+                expected,
+                "{first}"
+            );
+            assert_eq!(roster.owing["c"], (10_000 + 600_000 + 2_000_u64).div_ceil(3), "{first}");
+        }
     }
 
     #[test]

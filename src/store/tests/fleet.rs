@@ -134,6 +134,18 @@ fn presumed_table(p: &str) -> Vec<Step> {
             r(1, 0, 1_700_000_000_000 + 4_000, 1_750),
         ),
         ("forgotten", beat(&k, "a", QUIET, t0 + 11_750), r(1, 0, 0, 0)),
+        // Ten minutes without a beat: b, c and d, there when it began, are kept and owe, each presumed for the
+        // whole outage (capped at cut + silent: 601.5 s) and the hold, over its count (2, 3 and 4).
+        (
+            "a back after 10 minutes",
+            presuming(&k, "a", (true, true), 600_000, t0 + 611_750),
+            r(1, 2_000, 0, 0),
+        ),
+        (
+            "b, c and d presumed",
+            beat(&k, "a", QUIET, t0 + 613_750),
+            r(1, 0, 1_700_000_611_750, 302_750 + 201_834 + 151_375),
+        ),
     ]);
     steps
         .into_iter()
