@@ -113,7 +113,8 @@ end
 -- left): it may be the first to call when the store is back, before any of them.
 local joins_silence = false
 if not leave and not redis.call('ZSCORE', roster, member) and redis.call('ZCARD', roster) > 0 then
-  joins_silence = redis.call('ZCOUNT', roster, int(now - silent_ms), '+inf') == 0
+  -- Not after keep_ms of silence: a newcomer cannot tell an outage from a fleet that stopped, and starts cold.
+  joins_silence = redis.call('ZCOUNT', roster, int(now - silent_ms), '+inf') == 0 and now - last_heard() < keep_ms
 end
 if (back or joins_silence) and not holding() then
   local outage = now - last_heard() -- how long the whole roster was silent

@@ -217,10 +217,13 @@ impl Roster {
         let silent_before = now_ms.saturating_sub(beat.silent_ms);
         // A member that joins a fleet whose every member is silent comes after an outage too (or after the whole
         // fleet left): it may be the first to call when the store is back, before any of them.
+        // Not after keep_ms of silence: a newcomer cannot tell an outage from a fleet that stopped (crashed, say)
+        // and starts cold, as it would on an empty roster; a member back from an outage knows, and holds.
         let joins_silence = !beat.leave
             && !self.heard.contains_key(&beat.member)
             && !self.heard.is_empty()
-            && self.heard.values().all(|at| *at < silent_before);
+            && self.heard.values().all(|at| *at < silent_before)
+            && now_ms.saturating_sub(self.last_heard(now_ms)) < beat.keep_ms;
         if (beat.back || joins_silence) && !self.holding(now_ms) {
             // The first member back from an outage: every member silent as long as an outage (it may have sold
             // alone too) owes a report, this one until it has charged what it owes.
@@ -471,30 +474,31 @@ mod tests {
 
     #[test]
     fn an_outage_longer_than_keep_ms_still_presumes_who_was_there_when_it_began() {
-        for first in ["a back", "a newcomer"] {
+        let three = || {
             let mut roster = Roster::default();
             for m in ["a", "b", "c"] {
                 roster.beat(&presuming(m, (false, true), 10_000, 0), 0);
             }
-            // Ten minutes without a beat reaching the store, far past keep_ms: b and c exited during it.
-            let now = 600_000;
-            let beat = match first {
-                "a back" => presuming("a", (true, true), 10_000, now),
-                _ => presuming("new", (false, true), 10_000, 0),
-            };
-            assert_eq!(roster.beat(&beat, now).hold_ms, 2_000, "{first}");
-            // Each may have sold alone through the whole outage: (refill + 600 s + the hold) / its count.
-            let expected: Vec<&str> = match first {
-                "a back" => vec!["b", "c"],
-                _ => vec!["a", "b", "c"],
-            };
-            assert_eq!(
-                roster.owing.keys().map(String::as_str).collect::<Vec<_>>(),
-                expected,
-                "{first}"
-            );
-            assert_eq!(roster.owing["c"], (10_000 + 600_000 + 2_000_u64).div_ceil(3), "{first}");
-        }
+            roster
+        };
+        // Ten minutes without a beat reaching the store, far past keep_ms: b and c exited during it. a, back,
+        // holds for them, each presumed to have sold alone through the whole outage and the hold, over its count.
+        let mut roster = three();
+        let back = roster.beat(&presuming("a", (true, true), 10_000, 600_000), 600_000);
+        assert_eq!(back.hold_ms, 2_000);
+        assert_eq!(roster.owing.keys().map(String::as_str).collect::<Vec<_>>(), ["b", "c"]);
+        assert_eq!(roster.owing["c"], (10_000 + 600_000 + 2_000_u64).div_ceil(3));
+        // A newcomer first after that long cannot tell it from a fleet that stopped: it starts cold.
+        let mut roster = three();
+        let new = roster.beat(&presuming("new", (false, true), 10_000, 0), 600_000);
+        assert_eq!((new.hold_ms, roster.owing.len()), (0, 0));
+        // Within keep_ms it holds, presuming the 30 s nobody was heard (not only live + silent: 4.5 s).
+        let mut roster = three();
+        assert_eq!(
+            roster.beat(&presuming("new", (false, true), 10_000, 0), 30_000).hold_ms,
+            2_000
+        );
+        assert_eq!(roster.owing["c"], (10_000 + 30_000 + 2_000_u64).div_ceil(3));
     }
 
     #[test]
