@@ -152,18 +152,12 @@ else
   level = level - accepted * per
 end
 
-save_bucket(KEYS[1], level, ts, capacity, rate, per)
-if level < full then
-  -- The hold lives in the bucket's hash, and the hash at least as long as the hold.
-  local ends = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
-  if hold_ms > 0 and accepted > 0 and now + hold_ms > ends then
-    ends = now + hold_ms
-    redis.call('HSET', KEYS[1], 'hold', int(ends))
-  end
-  if rate > 0 and ends > now and redis.call('PTTL', KEYS[1]) < ends - now then
-    redis.call('PEXPIRE', KEYS[1], int(ends - now))
-  end
+-- A debit that charged something holds the bucket; save_bucket keeps the hash at least as long as the hold.
+if hold_ms > 0 and accepted > 0 then
+  local held = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
+  if now + hold_ms > held then redis.call('HSET', KEYS[1], 'hold', int(now + hold_ms)) end
 end
+save_bucket(KEYS[1], level, ts, capacity, rate, per)
 if mark and n >= 0 then
   -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
   redis.call('SET', mark, int(accepted), 'PX', 10000)

@@ -185,7 +185,11 @@ impl Fleet {
     /// timeout and two [`BEAT_SOON`] past the end, since beats that keep failing mean the store does too (the
     /// callers then go to their fail mode, not to a store that would lease).
     pub(crate) fn held(&self, rule: &str) -> Option<u64> {
-        let seen = self.rules.get(rule)?;
+        self.held_by(&*self.rules.get(rule)?)
+    }
+
+    /// [`Fleet::held`] for `seen`'s rule.
+    fn held_by(&self, seen: &Seen) -> Option<u64> {
         let until = seen.held_until_ms.load(Ordering::Acquire);
         let now = self.now_ms();
         if until > now {
@@ -270,7 +274,7 @@ impl Fleet {
     pub(crate) fn is_urgent(&self, seen: &Seen) -> bool {
         self.is_back(seen)
             || seen.beaten_at_failures.load(Ordering::Acquire) == u64::MAX
-            || self.held(seen.rule()).is_some()
+            || self.held_by(seen).is_some()
     }
 
     /// How long a hold waits for the reports: two of the store's recovery spreads (the breaker's open period and a

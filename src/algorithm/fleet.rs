@@ -72,16 +72,17 @@ pub(crate) struct Presumption {
 }
 
 impl Presumption {
-    /// Whether it is still kept at `now_ms`, the longest refill of the rule being `refill_ms`: for two refills
-    /// and its own ms after it was made (a bucket untouched that long would be full with it or without it).
+    /// Until when it matters to a bucket that refills from empty in `refill_ms` (ms): two refills (from
+    /// −capacity) and its own ms after `at_ms`; a bucket untouched that long is full with it or without it.
+    pub(crate) fn kept_until(&self, refill_ms: u64) -> u64 {
+        (self.at_ms)
+            .saturating_add(refill_ms.saturating_mul(2))
+            .saturating_add(self.ms)
+    }
+
+    /// Whether the roster still keeps it at `now_ms`, the longest refill of the rule being `refill_ms`.
     fn kept(&self, refill_ms: Option<u64>, now_ms: u64) -> bool {
-        let refill = refill_ms.unwrap_or(0);
-        self.ms > 0
-            && now_ms
-                < self
-                    .at_ms
-                    .saturating_add(refill.saturating_mul(2))
-                    .saturating_add(self.ms)
+        self.ms > 0 && now_ms < self.kept_until(refill_ms.unwrap_or(0))
     }
 }
 
@@ -289,10 +290,7 @@ impl Roster {
         let last = self.heard.values().max().copied().unwrap_or(0);
         let keep_ms = keep_ms.saturating_mul(ROSTER_KEEPS);
         let presumed = if self.presumed.ms > 0 {
-            let refill = self.refill_ms.unwrap_or(0);
-            (self.presumed.at_ms)
-                .saturating_add(refill.saturating_mul(2))
-                .saturating_add(self.presumed.ms)
+            self.presumed.kept_until(self.refill_ms.unwrap_or(0))
         } else {
             0
         };

@@ -362,12 +362,7 @@ impl Fallback {
         let hold_ms = u64::try_from(self.store.timeouts.recovery_spread().as_millis()).unwrap_or(u64::MAX);
         let call =
             Call::debit(store_key, bucket, debit.tokens, &debit.id, hold_ms).with_timeout(self.store.timeouts.debit);
-        let result = if past_breaker {
-            self.store.run_past_breaker(&call).await
-        } else {
-            self.store.run(&call).await
-        };
-        match result {
+        match self.run_charge(&call, past_breaker).await {
             Ok(reply) => {
                 let (tokens, carried) = (debit.tokens, debit.tokens.saturating_sub(reply.granted));
                 tracing::debug!(key = %store_key, tokens, carried, "charged what fail_mode local admitted");
@@ -379,6 +374,19 @@ impl Fallback {
                 self.buckets.settled(store_key, None);
                 Err(error)
             }
+        }
+    }
+
+    /// Runs `call`, a charge of what a local share admitted alone, through the circuit breaker, or past it
+    /// (`past_breaker`: at shutdown, the last chance).
+    ///
+    /// # Errors
+    /// The store's error.
+    async fn run_charge(&self, call: &Call, past_breaker: bool) -> Result<Reply, StoreError> {
+        if past_breaker {
+            self.store.run_past_breaker(call).await
+        } else {
+            self.store.run(call).await
         }
     }
 

@@ -1,10 +1,8 @@
 //! The keys this process charged what its fleet presumed after an outage (invariant 19,
-//! [`crate::algorithm::fleet`]), and the terms of that charge: its debit's id and how long it matters. The
-//! charge itself, before a key's next store call, is `presumed_mode.rs`.
+//! [`crate::algorithm::fleet`]), and the charge's debit id. The charge itself, before a key's next store call,
+//! is `presumed_mode.rs`.
 
 use dashmap::DashMap;
-
-use crate::algorithm::fleet::Presumption;
 
 /// The keys this process charged a presumption to: the presumption's epoch, and when the charge stops mattering
 /// (ms of the limiter's clock). At most `max_keys` of them; a key not remembered is charged again, which the
@@ -43,12 +41,4 @@ impl Charged {
 /// The debit's id of the presumption of the hold `epoch`: the same in every process.
 pub(crate) fn debit_id(epoch: u64) -> String {
     format!("fleet.{epoch}")
-}
-
-/// Until when a presumption heard at `presumed.at_ms` matters to a bucket that refills from empty in
-/// `refill_ms`: two refills (from −capacity) and the presumption's own ms.
-pub(crate) fn until_ms(presumed: &Presumption, refill_ms: u64) -> u64 {
-    (presumed.at_ms)
-        .saturating_add(refill_ms.saturating_mul(2))
-        .saturating_add(presumed.ms)
 }

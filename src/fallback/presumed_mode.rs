@@ -16,9 +16,10 @@
 
 use std::time::Duration;
 
-use super::presumed::{debit_id, until_ms};
+use super::presumed::debit_id;
 use super::{split_store_key, Fallback, Unsettled};
 use crate::algorithm::MAX_EXACT;
+use crate::fleet::refill_ms;
 use crate::rule::Algorithm;
 use crate::store::call::Call;
 
@@ -36,10 +37,9 @@ impl Fallback {
             return Ok(());
         };
         let now = self.now_ms();
-        match algorithm {
-            Algorithm::TokenBucket { bucket, .. } if bucket.rate > 0 => {
-                let refill = bucket.capacity.saturating_mul(bucket.per_ms).div_ceil(bucket.rate);
-                let until = until_ms(&presumed, refill);
+        match (algorithm, refill_ms(algorithm)) {
+            (Algorithm::TokenBucket { bucket, .. }, Some(refill)) => {
+                let until = presumed.kept_until(refill);
                 if now >= until || self.charged.charged(store_key, presumed.epoch) {
                     return Ok(());
                 }
@@ -55,8 +55,9 @@ impl Fallback {
                 self.charged.record(store_key, presumed.epoch, until);
                 Ok(())
             }
-            Algorithm::LeakyBucket { .. } => {
-                let until = presumed.at_ms.saturating_add(presumed.ms);
+            (Algorithm::LeakyBucket { .. }, _) => {
+                // A queue refills nothing (its refill_ms is 0): the presumption's own ms.
+                let until = presumed.kept_until(0);
                 match until.checked_sub(now) {
                     Some(left) if left > 0 => Err(Unsettled::Held(Duration::from_millis(left))),
                     _ => Ok(()),

@@ -180,11 +180,7 @@ impl Fallback {
         // The store's own timeout, as a reservation's: callers wait behind it, and one timed out after Redis
         // applied it is sent again harmlessly.
         let call = Call::charge_queue(store_key, queue, ahead_ms);
-        let result = if past_breaker {
-            self.store.run_past_breaker(&call).await
-        } else {
-            self.store.run(&call).await
-        };
+        let result = self.run_charge(&call, past_breaker).await;
         match result {
             Ok(reply) => {
                 tracing::debug!(key = %store_key, ahead_ms, moved = reply.granted, "charged the local queue's slots");

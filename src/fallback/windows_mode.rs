@@ -83,11 +83,7 @@ impl Fallback {
         // As a lease: the charge's id makes a retry after a timeout harmless, but a longer wait spares one.
         let call =
             Call::charge_window(store_key, window.clone(), charge.id, admitted).with_timeout(self.store.timeouts.lease);
-        let result = if past_breaker {
-            self.store.run_past_breaker(&call).await
-        } else {
-            self.store.run(&call).await
-        };
+        let result = self.run_charge(&call, past_breaker).await;
         let now = self.now_ms();
         match result {
             Ok(reply) => {

@@ -59,17 +59,9 @@ impl MemoryStore {
                 tokens,
                 id: Some(id),
             } => self.update_bucket_with(key, now, |old, _, marks, fields| {
+                // A give-back to a full bucket adds nothing and still leaves its mark, so that a retry after a
+                // take adds nothing either (token_return.lua).
                 let (n, debit) = (tokens.unsigned_abs(), *tokens < 0);
-                if old.is_none() && !debit {
-                    // A full bucket: nothing added, and the mark says so, or a retry after a take would add.
-                    marks.retain(|(_, _, until)| *until > now);
-                    let (new, mut reply) = bucket.give_back(old, 0, now);
-                    match marks.iter().find(|(mark, ..)| mark == id) {
-                        Some(&(_, applied, _)) => reply.granted = applied,
-                        None => marks.push((id.clone(), 0, now.saturating_add(GIVE_BACK_MARK_MS))),
-                    }
-                    return (new, reply);
-                }
                 once((bucket, old, now), (marks, fields), (id, debit, n, 0))
             }),
             Op::TokenReturn { bucket, tokens, .. } if *tokens < 0 => {
