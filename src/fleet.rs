@@ -22,7 +22,7 @@ use tokio::sync::OnceCell;
 
 use crate::algorithm::fleet::{Beat, Count, Presumption};
 use crate::clock::Clock;
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreErrorKind};
 use crate::rule::Algorithm;
 use crate::store::call::{roster_key, Call};
 use crate::store::guarded::Guarded;
@@ -77,6 +77,8 @@ pub(crate) struct Seen {
     refill_ms: AtomicI64,
     /// The first beat, which the rule's first store call waits for.
     joined: OnceCell<()>,
+    /// The last failed beat's kind and message, which [`Fleet::join`] answers while none was answered.
+    failed: Mutex<Option<(StoreErrorKind, String)>>,
     gauge: metrics::Gauge,
 }
 
@@ -200,6 +202,12 @@ impl Fleet {
         (answered < until && now < until.saturating_add(grace)).then(|| millis(BEAT_SOON))
     }
 
+    /// Whether `rule`'s roster has answered one of this process's beats: until then the process is not counted
+    /// in the fleet (a hold would not wait for it, nor presume it if it exited), so it sells nothing alone.
+    pub(crate) fn answered(&self, rule: &str) -> bool {
+        (self.rules.get(rule)).is_some_and(|seen| seen.answered_at_ms.load(Ordering::Acquire) > 0)
+    }
+
     /// The latest presumption of `rule`'s fleet this process heard, with `at_ms` when it first heard it (ms of
     /// the limiter's clock); `None` when none was.
     pub(crate) fn presumed(&self, rule: &str) -> Option<Presumption> {
@@ -213,8 +221,13 @@ impl Fleet {
 
     /// Joins `rule`'s fleet, whose key is now decided by `algorithm` (its refill goes into the hold's presumed
     /// terms, [`refill_ms`]): the first call waits for the rule's first beat (one store call, once; a failed one
-    /// is not retried here, the beats go on in the background).
-    pub(crate) async fn join(&self, rule: &str, algorithm: &Algorithm) {
+    /// is not retried here, the beats go on in the background, every [`BEAT_SOON`] until one is answered).
+    ///
+    /// # Errors
+    /// While no beat of the rule was answered, the last beat's failure (kind and message, script `fleet`): the
+    /// process is not in the roster, knows neither the fleet's count nor whether a hold is on, and so neither
+    /// calls the store for a `local` rule nor sells alone (invariant 19).
+    pub(crate) async fn join(&self, rule: &str, algorithm: &Algorithm) -> Result<(), StoreError> {
         let seen = self.seen(rule);
         if let Some(ms) = refill_ms(algorithm) {
             seen.refill_ms
@@ -226,6 +239,19 @@ impl Fleet {
                 let _ = self.beat(&seen, true).await;
             })
             .await;
+        if seen.answered_at_ms.load(Ordering::Acquire) > 0 {
+            return Ok(());
+        }
+        let failed = seen.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        let (kind, message) = failed
+            .clone()
+            .unwrap_or((StoreErrorKind::Other, "no beat answered yet".into()));
+        Err(StoreError {
+            kind,
+            script: "fleet",
+            message: format!("the fleet's roster has not answered this process: {message}"),
+            source: None,
+        })
     }
 
     fn seen(&self, rule: &str) -> Arc<Seen> {
@@ -244,6 +270,7 @@ impl Fleet {
                 answered_at_ms: AtomicU64::new(0),
                 refill_ms: AtomicI64::new(-1),
                 joined: OnceCell::new(),
+                failed: Mutex::new(None),
                 gauge: telemetry::fleet_processes(rule),
             })
         });
@@ -256,6 +283,7 @@ impl Fleet {
         let seen = self.seen(rule);
         seen.processes.store(processes, Ordering::Release);
         seen.beaten_at_failures.store(self.store.failures(), Ordering::Release);
+        seen.answered_at_ms.store(self.now_ms().max(1), Ordering::Release);
         let _ = seen.joined.set(());
     }
 
@@ -362,7 +390,13 @@ impl Fleet {
         // breaker's one probe for its long timeout, which would keep the callers' calls from the store that long.
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(self.store.timeouts.debit);
         self.beats.fetch_add(1, Ordering::Relaxed);
-        let reply = self.store.run_past_breaker(&call).await?;
+        let reply = match self.store.run_past_breaker(&call).await {
+            Ok(reply) => reply,
+            Err(error) => {
+                *seen.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some((error.kind, error.message.clone()));
+                return Err(error);
+            }
+        };
         let count = Count::from_reply(&reply);
         let now = self.now_ms();
         let processes = seen.count(count.processes, now);
@@ -419,139 +453,5 @@ pub(crate) fn refill_ms(algorithm: &Algorithm) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::{millis, Fleet, BEAT_SOON};
-    use crate::clock::{Clock, FakeClock};
-    use crate::store::guarded::{Guarded, Timeouts};
-    use crate::store::MemoryStore;
-
-    /// Four members beating one rule's roster in a shared in-process store, on one fake clock.
-    fn fleet_of_four(clock: &FakeClock) -> Vec<Fleet> {
-        let clock: Arc<dyn Clock> = Arc::new(clock.clone());
-        let shared = Arc::new(MemoryStore::with_clock(clock.clone()));
-        let store = Arc::new(Guarded::new(
-            shared,
-            clock.clone(),
-            Timeouts::from_call(Duration::from_millis(50)),
-        ));
-        (0..4)
-            .map(|i| Fleet::new((format!("m{i}"), "tl".to_owned()), 4, store.clone(), clock.clone()))
-            .collect()
-    }
-
-    /// The tests' rule: a token bucket of 100 refilled at 10 a second (10 s from empty).
-    fn sale() -> crate::rule::Algorithm {
-        crate::Rule::token_bucket("sale", 100, 10, Duration::from_secs(1))
-            .expect("rule")
-            .algorithm
-    }
-
-    async fn beat(fleet: &Fleet) -> u64 {
-        let count = fleet
-            .beat(&fleet.seen("sale"), true)
-            .await
-            .expect("the in-process store answers");
-        count.processes
-    }
-
-    #[tokio::test]
-    async fn a_lower_count_is_taken_only_once_the_answers_showed_it_for_live() {
-        let clock = FakeClock::starting_at(Duration::from_secs(100));
-        let fleet = fleet_of_four(&clock);
-        for member in fleet.iter().chain(&fleet) {
-            beat(member).await;
-        }
-        assert!(fleet.iter().all(|m| m.processes("sale") == 4));
-        // An outage of 5 s: nobody is heard. The first member back finds the others unheard for longer than the
-        // live window and is answered a count of one; dividing its local share by one would let it sell the
-        // shared level alone while its calls still fail.
-        clock.advance(Duration::from_secs(5));
-        assert_eq!(beat(&fleet[0]).await, 1, "the roster's answer");
-        assert_eq!(fleet[0].processes("sale"), 4, "a lower count is not taken at once");
-        // The others are back within a beat: four again, and the lower answer is forgotten.
-        clock.advance(Duration::from_millis(100));
-        for member in &fleet[1..] {
-            beat(member).await;
-        }
-        assert_eq!(beat(&fleet[0]).await, 4);
-        // m3 is gone for good: once it is unheard for the live window the others are answered three, which they
-        // take only after answers counted three for the live window too.
-        let mut taken_after = None;
-        for second in 1..=10 {
-            clock.advance(Duration::from_secs(1));
-            for member in &fleet[..3] {
-                beat(member).await;
-            }
-            if taken_after.is_none() && fleet[0].processes("sale") == 3 {
-                taken_after = Some(second);
-            }
-        }
-        // Last heard 0.1 s in: answered three from 3 s on (unheard for the whole live window), taken from 6 s on.
-        assert_eq!(
-            taken_after,
-            Some(6),
-            "m3 dropped 3 s after the answers first counted three"
-        );
-        assert!(fleet[..3].iter().all(|m| m.processes("sale") == 3));
-    }
-
-    #[tokio::test]
-    async fn lower_answers_before_and_after_an_outage_do_not_add_up() {
-        let clock = FakeClock::starting_at(Duration::from_secs(100));
-        let fleet = fleet_of_four(&clock);
-        for member in fleet.iter().chain(&fleet) {
-            beat(member).await;
-        }
-        // Everyone stalls past the live window; m0 is answered first, a count of one, and keeps four.
-        clock.advance(Duration::from_millis(3_100));
-        assert_eq!(beat(&fleet[0]).await, 1);
-        assert_eq!(fleet[0].processes("sale"), 4);
-        // Then a 5 s outage. m0 is back first and answered one again: the two lower answers are 5 s apart but
-        // not a run of them, so the count stays four.
-        clock.advance(Duration::from_secs(5));
-        assert_eq!(beat(&fleet[0]).await, 1);
-        assert_eq!(
-            fleet[0].processes("sale"),
-            4,
-            "a lower count before an outage does not count after it"
-        );
-    }
-
-    #[tokio::test]
-    async fn the_keys_stay_held_past_the_holds_end_until_an_answer_says_what_it_presumed() {
-        let clock = FakeClock::starting_at(Duration::from_secs(100));
-        let fleet = fleet_of_four(&clock);
-        for member in &fleet[1..] {
-            member.join("sale", &sale()).await;
-        }
-        // An outage of 5 s; m0 starts as it ends and is the first to beat: every member is silent, so it holds
-        // the rule. m1 and m2 report (they owed nothing); m3 exited owing.
-        clock.advance(Duration::from_secs(5));
-        let hold_ms = millis(fleet[0].hold());
-        assert!(hold_ms >= 2_000);
-        fleet[0].join("sale", &sale()).await;
-        for member in &fleet[1..3] {
-            beat(member).await;
-        }
-        assert_eq!(fleet[0].held("sale"), Some(hold_ms));
-        assert_eq!(fleet[0].presumed("sale"), None);
-        // The hold's end passes: nobody has heard how it ended, so the keys stay held until a beat says.
-        clock.advance(Duration::from_millis(hold_ms));
-        assert_eq!(fleet[0].held("sale"), Some(millis(BEAT_SOON)));
-        assert!(fleet[0].is_urgent(&fleet[0].seen("sale")), "the next beat comes soon");
-        beat(&fleet[0]).await;
-        assert_eq!(fleet[0].held("sale"), None);
-        let presumed = fleet[0].presumed("sale").expect("m3 presumed");
-        // m3 was counted 3 (the third to join) and silent the 5 s nobody was heard, and through the hold.
-        let term = (10_000 + 5_000 + hold_ms).div_ceil(3);
-        assert_eq!((presumed.epoch, presumed.ms), (105_000, term));
-        assert_eq!(presumed.at_ms, 105_000 + hold_ms, "heard at the beat after the hold");
-        // A beat that never comes keeps the keys held no longer than a debit's timeout and two beats.
-        assert_eq!(fleet[1].held("sale"), Some(millis(BEAT_SOON)));
-        clock.advance(fleet[1].store.timeouts.debit + BEAT_SOON * 2);
-        assert_eq!(fleet[1].held("sale"), None);
-    }
-}
+#[path = "fleet_tests.rs"]
+mod tests;

@@ -129,6 +129,70 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_the_fleets
     }
 }
 
+/// A process that starts while Redis is frozen never has its first beat answered: it is not in the roster, so
+/// nobody would wait for its debt or presume it if it exited, and it does not know its share or a hold. It sells
+/// nothing alone (its decisions are refused, not decided by its share), and once Redis is back it waits for the
+/// roster's answer, which holds it with the fleet, before the store decides for it: the bound holds in every
+/// window, and it sells by itself afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_starts_during_an_outage_sells_nothing_alone_and_waits_for_the_roster() {
+    let server = common::RedisServer::start();
+    let timeline = Arc::new(Timeline::new(Duration::from_secs(20)));
+    let sellers: Vec<Limiter> = (0..4).map(|_| process(&server.url(), 4)).collect();
+    let (selling, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+    let tasks = sell(&sellers, "sale", &timeline, (&selling, &alone));
+    // real time: the fleet counts itself and drains the bucket.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    common::until_all_count(&sellers, "sale", 4, Duration::from_secs(5)).await;
+    server.freeze();
+    let newcomer = process(&server.url(), 4);
+    let (mut newcomer_alone, mut by_redis) = (0, 0);
+    let frozen_at = Instant::now();
+    let mut thawed = false;
+    let deadline = frozen_at + Duration::from_secs(9);
+    while Instant::now() < deadline {
+        let frozen_for = frozen_at.elapsed();
+        if frozen_for > Duration::from_secs(2) {
+            // The sellers stop calling the key: the newcomer is the first to call it when Redis is back.
+            selling.store(false, Ordering::Relaxed);
+        }
+        if frozen_for > Duration::from_secs(3) && !thawed {
+            server.thaw();
+            thawed = true;
+        }
+        if let Ok(d) = newcomer.check("sale", "k", 1).await {
+            if d.allowed {
+                timeline.record(1);
+                newcomer_alone += u64::from(d.source == Source::Fallback);
+                by_redis += u64::from(d.source == Source::Redis);
+            }
+        }
+        // real time: the newcomer's demand, a call every 2 ms.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for t in tasks {
+        t.await.expect("seller");
+    }
+    assert!(alone.load(Ordering::Relaxed) > 0, "the sellers sold alone");
+    assert_eq!(
+        newcomer_alone, 0,
+        "a process the roster never answered sells nothing alone"
+    );
+    assert!(
+        by_redis > 0,
+        "the newcomer sells once the roster answered and the fleet has charged"
+    );
+    assert!(newcomer.processes("sale") >= 4, "the newcomer counts the fleet");
+    let worst = timeline.worst(Duration::from_millis(200), |w| {
+        CAPACITY as f64 + RATE as f64 * (w + TIMEOUT).as_secs_f64()
+    });
+    eprintln!("worst window: {worst:?}");
+    assert!(worst.ratio <= 1.0, "over the bound in a window: {worst:?}");
+    for l in sellers.iter().chain([&newcomer]) {
+        l.shutdown().await;
+    }
+}
+
 /// A stock of 100 refilled at 20 a second: a full bucket is 5 s of refill, more than the hold's wait for the
 /// reports (about 2.7 s) covers.
 const STOCK: u64 = 100;

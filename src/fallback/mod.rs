@@ -167,7 +167,8 @@ impl Fallback {
     /// What `fail_mode = "local"` answers for `cost` tokens of `store_key` (whose limits are `algorithm`),
     /// decided alone because the store failed for `reason`: the token bucket's share, the window's share, the
     /// key's local queue (a check waits for nothing). `None`: refused for the back-off (nothing may be admitted
-    /// alone, or never).
+    /// alone, or never). A process the rule's roster never answered sells nothing alone: it is not counted, so
+    /// a hold would neither wait for its debt nor presume it, and it does not know its share.
     fn alone(
         &self,
         compiled: &Compiled,
@@ -176,6 +177,9 @@ impl Fallback {
         cost: u64,
         reason: FailReason,
     ) -> Option<Reply> {
+        if !self.fleet.answered(&compiled.rule.name) {
+            return None;
+        }
         let processes = self.processes(&compiled.rule.name);
         let reply = match algorithm {
             Algorithm::TokenBucket { bucket, .. } => self
@@ -262,8 +266,9 @@ impl Fallback {
     ) -> Result<Reply, Unsettled> {
         let rule = split_store_key(store_key).0;
         if mode == FailMode::Local {
-            // Invariant 19: a process that just started learns the fleet's count and any hold first.
-            self.fleet.join(rule, algorithm).await;
+            // Invariant 19: a process that just started learns the fleet's count and any hold first; one the
+            // roster never answered decides by its fail mode, which sells nothing alone for it.
+            self.fleet.join(rule, algorithm).await.map_err(Unsettled::Failed)?;
         }
         self.settle(store_key, algorithm).await?;
         let window = ChargedWindow::of(algorithm);

@@ -56,7 +56,8 @@ impl Fallback {
                     .alone(compiled, algorithm, store_key, cost, reason)
                     .unwrap_or(backoff))
             }
-            FailMode::Local if !Self::alone_after(reason) => Ok(backoff),
+            // Alone only in an outage, and only when counted in the fleet (as [`Fallback::alone`]).
+            FailMode::Local if !Self::alone_after(reason) || !self.fleet.answered(&compiled.rule.name) => Ok(backoff),
             FailMode::Local => Ok(self.run_local(call)?),
         }
     }

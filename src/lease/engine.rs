@@ -286,7 +286,8 @@ impl Engine {
         let clock = &self.clock;
         // The fleet's count divides the fair share (invariant 17): a rule's first lease waits for it.
         let unleased = unleased(bucket);
-        self.fallback.fleet.join(&compiled.rule.name, &unleased).await;
+        // Not answered: the fair share divides by `expected_processes`, and a `local` rule's lease fails below.
+        let _ = self.fallback.fleet.join(&compiled.rule.name, &unleased).await;
         if local
             .first_lease_wait(self.fallback.processes(&compiled.rule.name), clock.now_ns())
             .is_some()

@@ -1,0 +1,152 @@
+//! Unit tests of `fleet.rs`: the count, the hold and the first answer, on the in-process store and a fake clock.
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{millis, Fleet, BEAT_SOON};
+use crate::clock::{Clock, FakeClock};
+use crate::error::StoreErrorKind;
+use crate::store::guarded::{Guarded, Timeouts};
+use crate::store::MemoryStore;
+
+/// Four members beating one rule's roster in a shared in-process store, on one fake clock.
+fn fleet_of_four(clock: &FakeClock) -> Vec<Fleet> {
+    let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    let shared = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let store = Arc::new(Guarded::new(
+        shared,
+        clock.clone(),
+        Timeouts::from_call(Duration::from_millis(50)),
+    ));
+    (0..4)
+        .map(|i| Fleet::new((format!("m{i}"), "tl".to_owned()), 4, store.clone(), clock.clone()))
+        .collect()
+}
+
+/// The tests' rule: a token bucket of 100 refilled at 10 a second (10 s from empty).
+fn sale() -> crate::rule::Algorithm {
+    crate::Rule::token_bucket("sale", 100, 10, Duration::from_secs(1))
+        .expect("rule")
+        .algorithm
+}
+
+async fn beat(fleet: &Fleet) -> u64 {
+    let count = fleet
+        .beat(&fleet.seen("sale"), true)
+        .await
+        .expect("the in-process store answers");
+    count.processes
+}
+
+#[tokio::test]
+async fn a_lower_count_is_taken_only_once_the_answers_showed_it_for_live() {
+    let clock = FakeClock::starting_at(Duration::from_secs(100));
+    let fleet = fleet_of_four(&clock);
+    for member in fleet.iter().chain(&fleet) {
+        beat(member).await;
+    }
+    assert!(fleet.iter().all(|m| m.processes("sale") == 4));
+    // An outage of 5 s: nobody is heard. The first member back finds the others unheard for longer than the
+    // live window and is answered a count of one; dividing its local share by one would let it sell the
+    // shared level alone while its calls still fail.
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(beat(&fleet[0]).await, 1, "the roster's answer");
+    assert_eq!(fleet[0].processes("sale"), 4, "a lower count is not taken at once");
+    // The others are back within a beat: four again, and the lower answer is forgotten.
+    clock.advance(Duration::from_millis(100));
+    for member in &fleet[1..] {
+        beat(member).await;
+    }
+    assert_eq!(beat(&fleet[0]).await, 4);
+    // m3 is gone for good: once it is unheard for the live window the others are answered three, which they
+    // take only after answers counted three for the live window too.
+    let mut taken_after = None;
+    for second in 1..=10 {
+        clock.advance(Duration::from_secs(1));
+        for member in &fleet[..3] {
+            beat(member).await;
+        }
+        if taken_after.is_none() && fleet[0].processes("sale") == 3 {
+            taken_after = Some(second);
+        }
+    }
+    // Last heard 0.1 s in: answered three from 3 s on (unheard for the whole live window), taken from 6 s on.
+    assert_eq!(
+        taken_after,
+        Some(6),
+        "m3 dropped 3 s after the answers first counted three"
+    );
+    assert!(fleet[..3].iter().all(|m| m.processes("sale") == 3));
+}
+
+#[tokio::test]
+async fn lower_answers_before_and_after_an_outage_do_not_add_up() {
+    let clock = FakeClock::starting_at(Duration::from_secs(100));
+    let fleet = fleet_of_four(&clock);
+    for member in fleet.iter().chain(&fleet) {
+        beat(member).await;
+    }
+    // Everyone stalls past the live window; m0 is answered first, a count of one, and keeps four.
+    clock.advance(Duration::from_millis(3_100));
+    assert_eq!(beat(&fleet[0]).await, 1);
+    assert_eq!(fleet[0].processes("sale"), 4);
+    // Then a 5 s outage. m0 is back first and answered one again: the two lower answers are 5 s apart but
+    // not a run of them, so the count stays four.
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(beat(&fleet[0]).await, 1);
+    assert_eq!(
+        fleet[0].processes("sale"),
+        4,
+        "a lower count before an outage does not count after it"
+    );
+}
+
+#[tokio::test]
+async fn a_rule_whose_roster_never_answered_fails_to_join_until_a_beat_is() {
+    let clock = FakeClock::starting_at(Duration::from_secs(100));
+    let fleet = fleet_of_four(&clock);
+    // Its first beat failed: it knows neither the count nor whether a hold is on.
+    let seen = fleet[0].seen("sale");
+    let _ = seen.joined.set(());
+    *seen.failed.lock().expect("lock") = Some((StoreErrorKind::Io, "connection refused".into()));
+    let error = fleet[0].join("sale", &sale()).await.expect_err("not answered");
+    assert_eq!((error.kind, error.script), (StoreErrorKind::Io, "fleet"));
+    assert!(!fleet[0].answered("sale"));
+    beat(&fleet[0]).await;
+    assert!(fleet[0].join("sale", &sale()).await.is_ok());
+    assert!(fleet[0].answered("sale"));
+}
+
+#[tokio::test]
+async fn the_keys_stay_held_past_the_holds_end_until_an_answer_says_what_it_presumed() {
+    let clock = FakeClock::starting_at(Duration::from_secs(100));
+    let fleet = fleet_of_four(&clock);
+    for member in &fleet[1..] {
+        member.join("sale", &sale()).await.expect("answered");
+    }
+    // An outage of 5 s; m0 starts as it ends and is the first to beat: every member is silent, so it holds
+    // the rule. m1 and m2 report (they owed nothing); m3 exited owing.
+    clock.advance(Duration::from_secs(5));
+    let hold_ms = millis(fleet[0].hold());
+    assert!(hold_ms >= 2_000);
+    fleet[0].join("sale", &sale()).await.expect("answered");
+    for member in &fleet[1..3] {
+        beat(member).await;
+    }
+    assert_eq!(fleet[0].held("sale"), Some(hold_ms));
+    assert_eq!(fleet[0].presumed("sale"), None);
+    // The hold's end passes: nobody has heard how it ended, so the keys stay held until a beat says.
+    clock.advance(Duration::from_millis(hold_ms));
+    assert_eq!(fleet[0].held("sale"), Some(millis(BEAT_SOON)));
+    assert!(fleet[0].is_urgent(&fleet[0].seen("sale")), "the next beat comes soon");
+    beat(&fleet[0]).await;
+    assert_eq!(fleet[0].held("sale"), None);
+    let presumed = fleet[0].presumed("sale").expect("m3 presumed");
+    // m3 was counted 3 (the third to join) and silent the 5 s nobody was heard, and through the hold.
+    let term = (10_000 + 5_000 + hold_ms).div_ceil(3);
+    assert_eq!((presumed.epoch, presumed.ms), (105_000, term));
+    assert_eq!(presumed.at_ms, 105_000 + hold_ms, "heard at the beat after the hold");
+    // A beat that never comes keeps the keys held no longer than a debit's timeout and two beats.
+    assert_eq!(fleet[1].held("sale"), Some(millis(BEAT_SOON)));
+    clock.advance(fleet[1].store.timeouts.debit + BEAT_SOON * 2);
+    assert_eq!(fleet[1].held("sale"), None);
+}
