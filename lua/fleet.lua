@@ -21,7 +21,8 @@
 -- ARGV[11] now_ms      optional; when absent the Redis server's TIME is used
 --
 -- Reply: { processes, hold_ms, presumed_epoch, presumed_ms }
---   processes       live members, this one included (unless it leaves)
+--   processes       live members, this one included (unless it leaves), and while a hold waits, the members that
+--                   owe it a report and are not live: they may still be there, cut off, each selling its share
 --   hold_ms         how long the hold still waits for the reports from now, 0 when none runs
 --   presumed_epoch  the epoch of the last hold that ended with members presumed; 0 when none is kept
 --   presumed_ms     what they were presumed to have sold alone, in ms of refill (below); 0 when none
@@ -147,12 +148,24 @@ if settled then redis.call('HDEL', owing, member) end
 if redis.call('HLEN', owing) == 0 and hold_until > now then hold_until = now end
 close()
 
+-- The live members, and while a hold waits those owing it a report that are not live (a newcomer first after an
+-- outage divides its shares by them too: they may still be there, cut off).
+local function counted()
+  local n = redis.call('ZCOUNT', roster, '(' .. int(now - live_ms), '+inf')
+  if holding() then
+    for _, m in ipairs(redis.call('HKEYS', owing)) do
+      local heard = tonumber(redis.call('ZSCORE', roster, m))
+      if not heard or heard <= now - live_ms then n = n + 1 end
+    end
+  end
+  return n
+end
 local processes
 if leave then
-  processes = redis.call('ZCOUNT', roster, '(' .. int(now - live_ms), '+inf')
+  processes = counted()
 else
   redis.call('ZADD', roster, int(now), member)
-  processes = redis.call('ZCOUNT', roster, '(' .. int(now - live_ms), '+inf')
+  processes = counted()
   redis.call('HSET', counts, member, processes)
 end
 redis.call('HSET', hold, 'epoch', int(epoch), 'until', int(hold_until), 'refill', int(refill),

@@ -145,7 +145,9 @@ async fn a_process_that_starts_during_an_outage_sells_nothing_alone_and_waits_fo
     tokio::time::sleep(Duration::from_secs(2)).await;
     common::until_all_count(&sellers, "sale", 4, Duration::from_secs(5)).await;
     server.freeze();
-    let newcomer = process(&server.url(), 4);
+    // Told it is alone: before, it sold the whole rate alone while Redis was frozen.
+    let newcomer = process(&server.url(), 1);
+    assert_eq!(newcomer.processes("sale"), 1, "the setting, before any answer");
     let (mut newcomer_alone, mut by_redis) = (0, 0);
     let frozen_at = Instant::now();
     let mut thawed = false;
@@ -182,7 +184,11 @@ async fn a_process_that_starts_during_an_outage_sells_nothing_alone_and_waits_fo
         by_redis > 0,
         "the newcomer sells once the roster answered and the fleet has charged"
     );
-    assert!(newcomer.processes("sale") >= 4, "the newcomer counts the fleet");
+    assert_eq!(
+        newcomer.processes("sale"),
+        5,
+        "the newcomer counts the fleet, itself included"
+    );
     let worst = timeline.worst(Duration::from_millis(200), |w| {
         CAPACITY as f64 + RATE as f64 * (w + TIMEOUT).as_secs_f64()
     });

@@ -277,11 +277,16 @@ impl Roster {
         }
     }
 
-    /// Members heard within `live_ms` of `now_ms`.
+    /// Members heard within `live_ms` of `now_ms`, and while a hold waits those owing it a report that are not
+    /// (a newcomer first after an outage divides its shares by them too: they may still be there, cut off).
     fn live(&self, live_ms: u64, now_ms: u64) -> u64 {
-        (self.heard.values())
-            .filter(|at| at.saturating_add(live_ms) > now_ms)
-            .count() as u64
+        let live = |m: &String| self.heard.get(m).is_some_and(|at| at.saturating_add(live_ms) > now_ms);
+        let owing = if self.holding(now_ms) {
+            self.owing.keys().filter(|m| !live(m)).count()
+        } else {
+            0
+        };
+        (self.heard.keys().filter(|m| live(m)).count() + owing) as u64
     }
 
     /// When the roster may be forgotten (ms): [`ROSTER_KEEPS`] × `keep_ms` after anyone was last heard (an

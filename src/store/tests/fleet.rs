@@ -54,33 +54,34 @@ fn fleet_table(p: &str) -> Vec<Step> {
         ("b joins", beat(&k, "b", QUIET, t0 + 500), r(2, 0, 0, 0)),
         ("c joins", beat(&k, "c", QUIET, t0 + 1_000), r(3, 0, 0, 0)),
         ("a again: three live", beat(&k, "a", QUIET, t0 + 1_000), r(3, 0, 0, 0)),
-        // An outage until t0 + 4 000: b is back first and owes what it sold alone; everyone silent owes a report.
+        // An outage until t0 + 4 000: b is back first and owes what it sold alone; everyone silent owes a report,
+        // and is counted while the hold waits for it (it may still be there, cut off).
         (
             "b back, owing",
             beat(&k, "b", (true, false), t0 + 4_000),
-            r(1, 2_000, 0, 0),
+            r(3, 2_000, 0, 0),
         ),
         (
             "a back, owed nothing",
             beat(&k, "a", (true, true), t0 + 4_100),
-            r(2, 1_900, 0, 0),
+            r(3, 1_900, 0, 0),
         ),
-        ("b has charged", beat(&k, "b", QUIET, t0 + 4_200), r(2, 1_800, 0, 0)),
+        ("b has charged", beat(&k, "b", QUIET, t0 + 4_200), r(3, 1_800, 0, 0)),
         (
             "c back: the hold ends",
             beat(&k, "c", (true, true), t0 + 4_300),
             r(3, 0, 0, 0),
         ),
         // Another outage: c never reports (it exited); the hold ends at its bound, presuming nothing here.
-        ("a back", beat(&k, "a", (true, true), t0 + 9_000), r(1, 2_000, 0, 0)),
-        ("b back", beat(&k, "b", (true, true), t0 + 9_500), r(2, 1_500, 0, 0)),
+        ("a back", beat(&k, "a", (true, true), t0 + 9_000), r(3, 2_000, 0, 0)),
+        ("b back", beat(&k, "b", (true, true), t0 + 9_500), r(3, 1_500, 0, 0)),
         ("the bound passes", beat(&k, "a", QUIET, t0 + 11_000), r(2, 0, 0, 0)),
         // b alone cut off while a beat on: only c, silent since it exited, may have sold alone.
         ("a beats", beat(&k, "a", QUIET, t0 + 12_000), r(2, 0, 0, 0)),
         (
             "b back, c silent",
             beat(&k, "b", (true, true), t0 + 12_100),
-            r(2, 2_000, 0, 0),
+            r(3, 2_000, 0, 0),
         ),
         // c is forgotten once unheard for keep_ms; then b, cut off again, waits for nobody.
         ("c forgotten", beat(&k, "a", QUIET, t0 + 64_301), r(1, 0, 0, 0)),
@@ -115,13 +116,13 @@ fn presumed_table(p: &str) -> Vec<Step> {
         (
             "a back, owing",
             presuming(&k, "a", (true, false), 3_000, hold),
-            r(1, 2_000, 0, 0),
+            r(4, 2_000, 0, 0),
         ),
-        ("a has charged", beat(&k, "a", QUIET, t0 + 4_100), r(1, 1_900, 0, 0)),
-        ("b reports", beat(&k, "b", (true, true), t0 + 4_200), r(2, 1_800, 0, 0)),
-        ("c reports", beat(&k, "c", (true, true), t0 + 4_200), r(3, 1_800, 0, 0)),
+        ("a has charged", beat(&k, "a", QUIET, t0 + 4_100), r(4, 1_900, 0, 0)),
+        ("b reports", beat(&k, "b", (true, true), t0 + 4_200), r(4, 1_800, 0, 0)),
+        ("c reports", beat(&k, "c", (true, true), t0 + 4_200), r(4, 1_800, 0, 0)),
         // d exited: at the hold's end its term is presumed, named by the hold's epoch.
-        ("the hold waits on", beat(&k, "a", QUIET, t0 + 5_999), r(3, 1, 0, 0)),
+        ("the hold waits on", beat(&k, "a", QUIET, t0 + 5_999), r(4, 1, 0, 0)),
         (
             "d is presumed",
             beat(&k, "a", QUIET, t0 + 6_000),
@@ -135,16 +136,17 @@ fn presumed_table(p: &str) -> Vec<Step> {
         ),
         ("forgotten", beat(&k, "a", QUIET, t0 + 11_750), r(1, 0, 0, 0)),
         // Ten minutes without a beat: b, c and d, there when it began, are kept and owe, each presumed for the
-        // whole outage (capped at cut + silent: 601.5 s) and the hold, over its count (2, 3 and 4).
+        // whole outage (capped at cut + silent: 601.5 s) and the hold, over its count (4: the hold above counted
+        // those owing it, so each divided its shares by 4). a divides by 4 too while they owe.
         (
             "a back after 10 minutes",
             presuming(&k, "a", (true, true), 600_000, t0 + 611_750),
-            r(1, 2_000, 0, 0),
+            r(4, 2_000, 0, 0),
         ),
         (
             "b, c and d presumed",
             beat(&k, "a", QUIET, t0 + 613_750),
-            r(1, 0, 1_700_000_611_750, 302_750 + 201_834 + 151_375),
+            r(1, 0, 1_700_000_611_750, 3 * 151_375),
         ),
     ]);
     steps
