@@ -97,7 +97,10 @@ impl LimiterBuilder {
     }
 
     /// Builds the limiter and, inside a tokio runtime, starts its background sweeper (lease expiry, idle
-    /// eviction), which stops when the limiter is shut down or dropped.
+    /// eviction) and the fleet's beats, which stop when the limiter is shut down or dropped. Built outside a
+    /// runtime, neither runs: a rule's first beat (sent by its first call) is then its only one, and if it fails
+    /// the rule's `local` keys are decided by the fail mode, which sells nothing alone for a process the fleet
+    /// does not count.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for duplicate rule names, an empty or braced key prefix, zero expected
