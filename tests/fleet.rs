@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::timeline::Timeline;
 use common::RedisServer;
-use tokenlease::{FailMode, Limiter, Rule, Source};
+use tokenlease::{Clock, FailMode, Limiter, MemoryStore, Rule, Source, TokioClock};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -319,4 +319,40 @@ async fn a_member_that_exits_owing_is_not_sold_twice_when_the_others_charge_firs
     for l in &sellers {
         l.shutdown().await;
     }
+}
+
+/// A store that hangs delays no rule's beat behind the others': the rules beat side by side. Five `local` rules on
+/// an in-process store that answers every call after 900 ms (within a beat's timeout, 1 s at the 50 ms call
+/// timeout), on tokio's paused clock: a pass of beats takes 0.9 s, then the wait of a second. One rule after
+/// another a pass took 4.5 s, and a rule's beats came 5.5 s apart, longer than the fleet's live window (3 s):
+/// the others would have counted this process gone.
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_delays_no_rules_beat_behind_the_others() {
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()).with_latency(Duration::from_millis(900)));
+    let rules: Vec<Rule> = (0..5)
+        .map(|i| {
+            Rule::token_bucket(format!("r{i}"), CAPACITY, RATE, Duration::from_secs(1))
+                .expect("rule")
+                .with_fail_mode(FailMode::Local)
+        })
+        .collect();
+    let limiter = Limiter::builder()
+        .rules(rules)
+        .store(store)
+        .clock(clock)
+        .timeout(TIMEOUT)
+        .build()
+        .expect("limiter");
+    for i in 0..5 {
+        // Joins the rule's fleet: its first call waits for its first beat.
+        let d = limiter.check(&format!("r{i}"), "k", 1).await.expect("decision");
+        assert!(d.allowed);
+    }
+    let before = limiter.stats().beats;
+    tokio::time::sleep(Duration::from_secs(19)).await;
+    let beats = limiter.stats().beats - before;
+    // About ten passes of five beats in 19 s; one rule after another, about three and a half.
+    assert!(beats >= 40, "{beats} beats of five rules in 19 s");
+    limiter.shutdown().await;
 }

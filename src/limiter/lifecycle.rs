@@ -47,7 +47,8 @@ pub(super) async fn sweeper(inner: Weak<Inner>) {
 /// Beats for every rule that joined its fleet ([`crate::fleet`]), every second (every 100 ms while cut off from
 /// the store or held), until the limiter is shut down or gone. Back from an outage and owing, a rule first beats
 /// unsettled (the fleet is held from then on, whoever calls first), charges every key that owes, then reports
-/// settled.
+/// settled. The rules beat side by side: a store that hangs makes each beat wait up to a debit's timeout, and one
+/// after another they would come that many timeouts apart.
 pub(super) async fn beats(inner: Weak<Inner>) {
     loop {
         let Some((fallback, background)) = inner
@@ -57,20 +58,34 @@ pub(super) async fn beats(inner: Weak<Inner>) {
             return;
         };
         let fleet = fallback.fleet.clone();
-        let mut soon = false;
+        let mut pass = tokio::task::JoinSet::new();
         for seen in fleet.joined() {
-            if background.is_closed() {
-                return;
-            }
-            let rule = seen.rule();
-            if fleet.is_back(&seen) && fallback.owes(rule) && fleet.beat(&seen, false).await.is_ok() {
-                fallback.settle_rule(rule).await;
-            }
-            // A failed beat counts as a store failure: the next one is back, and soon.
-            let _ = fleet.beat(&seen, !fallback.owes(rule)).await;
-            soon |= fleet.is_urgent(&seen);
+            let (fleet, fallback) = (fleet.clone(), fallback.clone());
+            pass.spawn(async move {
+                let rule = seen.rule();
+                if fleet.is_back(&seen) && fallback.owes(rule) && fleet.beat(&seen, false).await.is_ok() {
+                    fallback.settle_rule(rule).await;
+                }
+                // A failed beat counts as a store failure: the next one is back, and soon.
+                let _ = fleet.beat(&seen, !fallback.owes(rule)).await;
+                fleet.is_urgent(&seen)
+            });
         }
         drop(fallback);
+        let mut soon = false;
+        loop {
+            tokio::select! {
+                // Shut down: the pass's beats and charges finish on their own (shutdown charges what is left).
+                _ = background.cancelled() => {
+                    pass.detach_all();
+                    return;
+                }
+                urgent = pass.join_next() => match urgent {
+                    Some(urgent) => soon |= urgent.unwrap_or(true),
+                    None => break,
+                },
+            }
+        }
         let wait = if soon { BEAT_SOON } else { BEAT };
         tokio::select! {
             _ = background.cancelled() => return,
