@@ -66,6 +66,11 @@ fn two_hundred_and_fifty_six_processes_keep_to_the_bound_in_every_window() {
     // process (0.023 calls per token measured; 0.061 and 85 % sold when each process estimated its own turns).
     assert!(admitted >= 0.95 * bound, "{admitted} of {bound} sold: {report}");
     let steady = number(&report, "steady_calls_per_admitted");
+    // Never below the lease's floor, 1 / min(max_batch, demand per process × ttl): 1 / 78 here. A count that
+    // missed calls would go below it.
+    let floor = number(&report, "floor_calls_per_admitted");
+    assert!((floor - 256.0 / (100_000.0 * 0.2)).abs() < 1e-9, "{report}");
+    assert!(steady >= floor, "{steady} below the floor {floor}: {report}");
     assert!(
         steady <= 0.04,
         "{steady} store calls per admitted token from 3 s on: {report}"

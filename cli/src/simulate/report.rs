@@ -35,6 +35,16 @@ impl Setup {
         let tokens = self.capacity as f64 + self.rate_per_s * (self.duration + self.ttl).as_secs_f64();
         tokens.floor() as u64
     }
+
+    /// The fewest store calls per admitted token a leased key can cost under invariant 1, whatever the turns do:
+    /// a lease brings at most `max_batch` tokens, and a process spends at most its demand × `ttl` of them before
+    /// they go back, so `1 / min(max_batch, demand per process × ttl)`. `None` without a lease.
+    pub(crate) fn floor(&self) -> Option<f64> {
+        let (_, max_batch) = self.lease?;
+        let per_process = self.demand_per_s as f64 / f64::from(self.processes.max(1));
+        let per_lease = (per_process * self.ttl.as_secs_f64()).min(max_batch as f64).max(1.0);
+        Some(1.0 / per_lease)
+    }
 }
 
 /// What the run measured.
@@ -145,6 +155,7 @@ pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
         "calls_per_admitted": num(d.calls_per_admitted),
         "steady_calls_per_s": d.steady_calls_per_s.map(num),
         "steady_calls_per_admitted": d.steady_calls_per_admitted.map(num),
+        "floor_calls_per_admitted": setup.floor().map(num),
         "admitted": f.admitted,
         "bound": d.bound,
         "sold_pct": num(d.sold_pct),
@@ -194,9 +205,11 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
         f.counted
     );
     println!(
-        "  calls per admitted   {:>10.4}   (from {STEADY_FROM_S} s on: {})",
+        "  calls per admitted   {:>10.4}   (from {STEADY_FROM_S} s on: {}; the lease's floor: {}, one lease per \
+         min(max_batch, demand per process × ttl) tokens)",
         d.calls_per_admitted,
-        steady(d.steady_calls_per_admitted, 4)
+        steady(d.steady_calls_per_admitted, 4),
+        steady(setup.floor(), 4)
     );
     println!(
         "  admitted             {:>10}   of the bound {} = capacity + rate × (duration + ttl): {:.1} %",
