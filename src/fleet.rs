@@ -453,5 +453,4 @@ pub(crate) fn refill_ms(algorithm: &Algorithm) -> Option<u64> {
 }
 
 #[cfg(test)]
-#[path = "fleet_tests.rs"]
 mod tests;

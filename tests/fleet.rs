@@ -59,6 +59,37 @@ fn sell(
     sellers.iter().map(spawn).collect()
 }
 
+/// Four sellers of `sale`'s key `k` (each told the fleet has four) and what they sold, once Redis froze.
+struct Frozen {
+    sellers: Vec<Limiter>,
+    timeline: Arc<Timeline>,
+    /// Cleared, the sellers stop calling the key.
+    selling: Arc<AtomicBool>,
+    /// What they admitted alone (`source = fallback`).
+    alone: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts four sellers on `server`, waits until they count each other and have drained the bucket, then freezes
+/// Redis (SIGSTOP): they sell their shares alone from then on.
+async fn four_sellers_then_a_freeze(server: &RedisServer) -> Frozen {
+    let timeline = Arc::new(Timeline::new(Duration::from_secs(20)));
+    let sellers: Vec<Limiter> = (0..4).map(|_| process(&server.url(), 4)).collect();
+    let (selling, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+    let tasks = sell(&sellers, "sale", &timeline, (&selling, &alone));
+    // real time: the fleet counts itself and drains the bucket.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    common::until_all_count(&sellers, "sale", 4, Duration::from_secs(5)).await;
+    server.freeze();
+    Frozen {
+        sellers,
+        timeline,
+        selling,
+        alone,
+        tasks,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_counts_the_live_fleet_whatever_the_setting_says() {
     let server = common::RedisServer::start();
@@ -84,14 +115,13 @@ async fn every_process_counts_the_live_fleet_whatever_the_setting_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_the_fleets_debts() {
     let server = common::RedisServer::start();
-    let timeline = Arc::new(Timeline::new(Duration::from_secs(20)));
-    let sellers: Vec<Limiter> = (0..4).map(|_| process(&server.url(), 4)).collect();
-    let (selling, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
-    let tasks = sell(&sellers, "sale", &timeline, (&selling, &alone));
-    // real time: the fleet counts itself and drains the bucket.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    common::until_all_count(&sellers, "sale", 4, Duration::from_secs(5)).await;
-    server.freeze();
+    let Frozen {
+        sellers,
+        timeline,
+        selling,
+        alone,
+        tasks,
+    } = four_sellers_then_a_freeze(&server).await;
     // real time: the outage; the sellers sell their shares alone for 2 s, then the key goes quiet.
     tokio::time::sleep(Duration::from_secs(2)).await;
     selling.store(false, Ordering::Relaxed);
@@ -137,14 +167,13 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_the_fleets
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_starts_during_an_outage_sells_nothing_alone_and_waits_for_the_roster() {
     let server = common::RedisServer::start();
-    let timeline = Arc::new(Timeline::new(Duration::from_secs(20)));
-    let sellers: Vec<Limiter> = (0..4).map(|_| process(&server.url(), 4)).collect();
-    let (selling, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
-    let tasks = sell(&sellers, "sale", &timeline, (&selling, &alone));
-    // real time: the fleet counts itself and drains the bucket.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    common::until_all_count(&sellers, "sale", 4, Duration::from_secs(5)).await;
-    server.freeze();
+    let Frozen {
+        sellers,
+        timeline,
+        selling,
+        alone,
+        tasks,
+    } = four_sellers_then_a_freeze(&server).await;
     // Told it is alone: before, it sold the whole rate alone while Redis was frozen.
     let newcomer = process(&server.url(), 1);
     assert_eq!(newcomer.processes("sale"), 1, "the setting, before any answer");
