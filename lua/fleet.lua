@@ -148,10 +148,12 @@ if settled then redis.call('HDEL', owing, member) end
 if redis.call('HLEN', owing) == 0 and hold_until > now then hold_until = now end
 close()
 
--- The live members, and while a hold waits those owing it a report that are not live (a newcomer first after an
--- outage divides its shares by them too: they may still be there, cut off).
-local function counted()
-  local n = redis.call('ZCOUNT', roster, '(' .. int(now - live_ms), '+inf')
+-- The live members; answered with those owing a waiting hold a report that are not live (a newcomer first after
+-- an outage divides its shares by them too: they may still be there, cut off). A member's count kept for its
+-- presumed term is the live one, the smaller: should this answer be lost, the member divides by its own earlier
+-- count, and a term over the smaller count charges more than it sold, never less.
+local function live() return redis.call('ZCOUNT', roster, '(' .. int(now - live_ms), '+inf') end
+local function counted(n)
   if holding() then
     for _, m in ipairs(redis.call('HKEYS', owing)) do
       local heard = tonumber(redis.call('ZSCORE', roster, m))
@@ -162,11 +164,12 @@ local function counted()
 end
 local processes
 if leave then
-  processes = counted()
+  processes = counted(live())
 else
   redis.call('ZADD', roster, int(now), member)
-  processes = counted()
-  redis.call('HSET', counts, member, processes)
+  local n = live()
+  redis.call('HSET', counts, member, n)
+  processes = counted(n)
 end
 redis.call('HSET', hold, 'epoch', int(epoch), 'until', int(hold_until), 'refill', int(refill),
   'presumed_epoch', int(presumed_epoch), 'presumed_ms', int(presumed), 'presumed_at', int(presumed_at))

@@ -255,13 +255,15 @@ impl Roster {
             self.hold_until_ms = self.hold_until_ms.min(now_ms);
         }
         self.close(now_ms);
+        // The count kept for a member's presumed term is the live one, the smaller: should this answer be lost,
+        // the member divides by its own earlier count, and a term over the smaller count charges more than it
+        // sold, never less.
         let processes = if beat.leave {
-            self.live(beat.live_ms, now_ms)
+            self.counted(beat.live_ms, now_ms)
         } else {
             self.heard.insert(beat.member.clone(), now_ms);
-            let processes = self.live(beat.live_ms, now_ms);
-            self.counts.insert(beat.member.clone(), processes);
-            processes
+            self.counts.insert(beat.member.clone(), self.live(beat.live_ms, now_ms));
+            self.counted(beat.live_ms, now_ms)
         };
         Count {
             processes,
@@ -277,16 +279,27 @@ impl Roster {
         }
     }
 
-    /// Members heard within `live_ms` of `now_ms`, and while a hold waits those owing it a report that are not
-    /// (a newcomer first after an outage divides its shares by them too: they may still be there, cut off).
+    /// Whether `member` was heard within `live_ms` of `now_ms`.
+    fn is_live(&self, member: &str, live_ms: u64, now_ms: u64) -> bool {
+        (self.heard.get(member)).is_some_and(|at| at.saturating_add(live_ms) > now_ms)
+    }
+
+    /// Members heard within `live_ms` of `now_ms`.
     fn live(&self, live_ms: u64, now_ms: u64) -> u64 {
-        let live = |m: &String| self.heard.get(m).is_some_and(|at| at.saturating_add(live_ms) > now_ms);
+        (self.heard.keys()).filter(|m| self.is_live(m, live_ms, now_ms)).count() as u64
+    }
+
+    /// The count a beat answers: the live members, and while a hold waits those owing it a report that are not
+    /// live (a newcomer first after an outage divides its shares by them too: they may still be there, cut off).
+    fn counted(&self, live_ms: u64, now_ms: u64) -> u64 {
         let owing = if self.holding(now_ms) {
-            self.owing.keys().filter(|m| !live(m)).count()
+            (self.owing.keys())
+                .filter(|m| !self.is_live(m, live_ms, now_ms))
+                .count() as u64
         } else {
             0
         };
-        (self.heard.keys().filter(|m| live(m)).count() + owing) as u64
+        self.live(live_ms, now_ms) + owing
     }
 
     /// When the roster may be forgotten (ms): [`ROSTER_KEEPS`] × `keep_ms` after anyone was last heard (an

@@ -136,8 +136,10 @@ fn presumed_table(p: &str) -> Vec<Step> {
         ),
         ("forgotten", beat(&k, "a", QUIET, t0 + 11_750), r(1, 0, 0, 0)),
         // Ten minutes without a beat: b, c and d, there when it began, are kept and owe, each presumed for the
-        // whole outage (capped at cut + silent: 601.5 s) and the hold, over its count (4: the hold above counted
-        // those owing it, so each divided its shares by 4). a divides by 4 too while they owe.
+        // whole outage (capped at cut + silent: 601.5 s) and the hold, over its live count when last answered (2,
+        // 3 and 4: the hold above answered them 4, but should that answer have been lost, a member divides by its
+        // own earlier count; over the smaller count the term charges more, never less). a divides by 4 while they
+        // owe.
         (
             "a back after 10 minutes",
             presuming(&k, "a", (true, true), 600_000, t0 + 611_750),
@@ -146,7 +148,7 @@ fn presumed_table(p: &str) -> Vec<Step> {
         (
             "b, c and d presumed",
             beat(&k, "a", QUIET, t0 + 613_750),
-            r(1, 0, 1_700_000_611_750, 3 * 151_375),
+            r(1, 0, 1_700_000_611_750, 302_750 + 201_834 + 151_375),
         ),
     ]);
     steps
