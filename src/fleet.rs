@@ -137,6 +137,9 @@ pub(crate) struct Fleet {
     clock: Arc<dyn Clock>,
     /// Beats sent (each a store call).
     beats: AtomicU64,
+    /// Set by [`Fleet::leave`] once no beat is in flight: a beat after it would put this process back on the
+    /// rosters it left (counted, and presumed by the next hold). Beats hold it for reading while they run.
+    left: tokio::sync::RwLock<bool>,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -160,6 +163,7 @@ impl Fleet {
             store,
             clock,
             beats: AtomicU64::new(0),
+            left: tokio::sync::RwLock::new(false),
         }
     }
 
@@ -360,8 +364,11 @@ impl Fleet {
     /// Leaves every rule's fleet that `owes` says owes nothing (at shutdown, once everything owed is charged): the
     /// rosters stop counting this process at once, and no hold waits for it or presumes it sold alone. A rule that
     /// still owes stays, so the next hold presumes its debt. Past the circuit breaker, each beat within `patience`.
+    /// The rules leave side by side, once the beats in flight have landed; no beat is sent after.
     pub(crate) async fn leave(&self, owes: impl Fn(&str) -> bool, patience: Duration) {
         let leaving = async {
+            *self.left.write().await = true;
+            let mut leaves = tokio::task::JoinSet::new();
             for seen in self.joined() {
                 if owes(seen.rule()) || seen.answered_at_ms.load(Ordering::Acquire) == 0 {
                     continue;
@@ -373,10 +380,14 @@ impl Fleet {
                 let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(patience);
                 // A beat: counted apart from the store calls of decisions.
                 self.beats.fetch_add(1, Ordering::Relaxed);
-                if let Err(error) = self.store.run_past_breaker(&call).await {
-                    tracing::debug!(rule = %seen.rule, %error, "could not leave the fleet; it forgets this process later");
-                }
+                let store = self.store.clone();
+                leaves.spawn(async move {
+                    if let Err(error) = store.run_past_breaker(&call).await {
+                        tracing::debug!(%error, "could not leave the fleet; it forgets this process later");
+                    }
+                });
             }
+            while leaves.join_next().await.is_some() {}
         };
         let _ = tokio::time::timeout(patience, leaving).await;
     }
@@ -388,6 +399,15 @@ impl Fleet {
         // counted. It goes past the circuit breaker (one beat per rule at a time, from one task): a beat that
         // reaches the store closes the breaker for the debits and leases behind it, and a beat never holds the
         // breaker's one probe for its long timeout, which would keep the callers' calls from the store that long.
+        let left = self.left.read().await;
+        if *left {
+            return Err(StoreError {
+                kind: StoreErrorKind::Other,
+                script: "fleet",
+                message: "this process left the fleet (shut down)".into(),
+                source: None,
+            });
+        }
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(self.store.timeouts.debit);
         self.beats.fetch_add(1, Ordering::Relaxed);
         let reply = match self.store.run_past_breaker(&call).await {

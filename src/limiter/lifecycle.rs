@@ -14,6 +14,9 @@ use crate::telemetry;
 /// `tokenlease_debt_dropped_tokens_total`): 5 s, within a Kubernetes pod's default 30 s grace period.
 pub(crate) const DEBT_PATIENCE: Duration = Duration::from_secs(5);
 
+/// How many rules beat at once ([`beats`]).
+const BEAT_LANES: usize = 32;
+
 /// How often the sweeper runs: a quarter of the shortest lease TTL, 5 ms to 1 s.
 fn sweep_interval(inner: &Inner) -> Duration {
     let rules = inner.rules.load();
@@ -59,9 +62,12 @@ pub(super) async fn beats(inner: Weak<Inner>) {
         };
         let fleet = fallback.fleet.clone();
         let mut pass = tokio::task::JoinSet::new();
+        // At most this many rules beat at once: right after an outage every rule's beat comes at once.
+        let lanes = Arc::new(tokio::sync::Semaphore::new(BEAT_LANES));
         for seen in fleet.joined() {
-            let (fleet, fallback) = (fleet.clone(), fallback.clone());
+            let (fleet, fallback, lanes) = (fleet.clone(), fallback.clone(), lanes.clone());
             pass.spawn(async move {
+                let _lane = lanes.acquire_owned().await;
                 let rule = seen.rule();
                 if fleet.is_back(&seen) && fallback.owes(rule) && fleet.beat(&seen, false).await.is_ok() {
                     fallback.settle_rule(rule).await;
