@@ -83,6 +83,11 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
+    /// Whether one of this process's beats of the rule was answered.
+    fn is_answered(&self) -> bool {
+        self.answered_at_ms.load(Ordering::Acquire) > 0
+    }
+
     /// Takes `answered`, the live count of a beat answered at `now_ms`, into the rule's count, and returns the
     /// count. More processes (or the first answer) count at once; fewer only once the answers have counted fewer
     /// for [`LIVE`]. After an outage the first process back finds the others unheard for longer than [`LIVE`]
@@ -209,7 +214,7 @@ impl Fleet {
     /// Whether `rule`'s roster has answered one of this process's beats: until then the process is not counted
     /// in the fleet (a hold would not wait for it, nor presume it if it exited), so it sells nothing alone.
     pub(crate) fn answered(&self, rule: &str) -> bool {
-        (self.rules.get(rule)).is_some_and(|seen| seen.answered_at_ms.load(Ordering::Acquire) > 0)
+        (self.rules.get(rule)).is_some_and(|seen| seen.is_answered())
     }
 
     /// The latest presumption of `rule`'s fleet this process heard, with `at_ms` when it first heard it (ms of
@@ -243,19 +248,17 @@ impl Fleet {
                 let _ = self.beat(&seen, true).await;
             })
             .await;
-        if seen.answered_at_ms.load(Ordering::Acquire) > 0 {
+        if seen.is_answered() {
             return Ok(());
         }
         let failed = seen.failed.lock().unwrap_or_else(PoisonError::into_inner);
         let (kind, message) = failed
             .clone()
             .unwrap_or((StoreErrorKind::Other, "no beat answered yet".into()));
-        Err(StoreError {
+        Err(beat_error(
             kind,
-            script: "fleet",
-            message: format!("the fleet's roster has not answered this process: {message}"),
-            source: None,
-        })
+            format!("the fleet's roster has not answered this process: {message}"),
+        ))
     }
 
     fn seen(&self, rule: &str) -> Arc<Seen> {
@@ -370,7 +373,7 @@ impl Fleet {
             *self.left.write().await = true;
             let mut leaves = tokio::task::JoinSet::new();
             for seen in self.joined() {
-                if owes(seen.rule()) || seen.answered_at_ms.load(Ordering::Acquire) == 0 {
+                if owes(seen.rule()) || !seen.is_answered() {
                     continue;
                 }
                 let beat = Beat {
@@ -401,12 +404,10 @@ impl Fleet {
         // breaker's one probe for its long timeout, which would keep the callers' calls from the store that long.
         let left = self.left.read().await;
         if *left {
-            return Err(StoreError {
-                kind: StoreErrorKind::Other,
-                script: "fleet",
-                message: "this process left the fleet (shut down)".into(),
-                source: None,
-            });
+            return Err(beat_error(
+                StoreErrorKind::Other,
+                "this process left the fleet (shut down)".into(),
+            ));
         }
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), beat).with_timeout(self.store.timeouts.debit);
         self.beats.fetch_add(1, Ordering::Relaxed);
@@ -448,6 +449,16 @@ impl Fleet {
             tracing::debug!(rule = %seen.rule, hold_ms = count.hold_ms, "the fleet is held");
         }
         Ok(count)
+    }
+}
+
+/// A beat's error of `kind` that the store did not give (no beat was sent, or none answered).
+fn beat_error(kind: StoreErrorKind, message: String) -> StoreError {
+    StoreError {
+        kind,
+        script: "fleet",
+        message,
+        source: None,
     }
 }
 

@@ -59,6 +59,17 @@ fn sell(
     sellers.iter().map(spawn).collect()
 }
 
+/// Asserts the bound in every window from 0.2 s to the whole run: `capacity + rate × W` tokens (`rate` a second;
+/// no lease: no TTL term), W taken from the times the answers arrived: an answer arrives within the call's timeout
+/// of Redis's grant, so grants recorded W apart were at least W − timeout apart.
+fn assert_within_the_bound(timeline: &Timeline, capacity: u64, rate: u64) {
+    let worst = timeline.worst(Duration::from_millis(200), |w| {
+        capacity as f64 + rate as f64 * (w + TIMEOUT).as_secs_f64()
+    });
+    eprintln!("worst window: {worst}");
+    assert!(worst.ratio <= 1.0, "over the bound in a window: {worst}");
+}
+
 /// Four sellers of `sale`'s key `k` (each told the fleet has four) and what they sold, once Redis froze.
 struct Frozen {
     sellers: Vec<Limiter>,
@@ -146,14 +157,7 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_the_fleets
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert!(by_redis > 0, "the newcomer sells once the fleet has charged");
-    // Every window from 0.2 s to the whole run: capacity + rate × W (no lease: no TTL term), W taken from the times
-    // the answers arrived: an answer arrives within the call's timeout of Redis's grant, so grants recorded W
-    // apart were at least W − timeout apart.
-    let worst = timeline.worst(Duration::from_millis(200), |w| {
-        CAPACITY as f64 + RATE as f64 * (w + TIMEOUT).as_secs_f64()
-    });
-    eprintln!("worst window: {worst:?}");
-    assert!(worst.ratio <= 1.0, "over the bound in a window: {worst:?}");
+    assert_within_the_bound(&timeline, CAPACITY, RATE);
     for l in sellers.iter().chain([&newcomer]) {
         l.shutdown().await;
     }
@@ -218,11 +222,7 @@ async fn a_process_that_starts_during_an_outage_sells_nothing_alone_and_waits_fo
         5,
         "the newcomer counts the fleet, itself included"
     );
-    let worst = timeline.worst(Duration::from_millis(200), |w| {
-        CAPACITY as f64 + RATE as f64 * (w + TIMEOUT).as_secs_f64()
-    });
-    eprintln!("worst window: {worst:?}");
-    assert!(worst.ratio <= 1.0, "over the bound in a window: {worst:?}");
+    assert_within_the_bound(&timeline, CAPACITY, RATE);
     for l in sellers.iter().chain([&newcomer]) {
         l.shutdown().await;
     }
@@ -305,12 +305,7 @@ async fn a_process_that_starts_after_an_outage_does_not_sell_ahead_of_sellers_th
     }
     eprintln!("sold alone by the sellers that exited: {alone}; the newcomer's first sale {first:?} after the thaw");
     assert!(by_redis > 0, "the newcomer sells once the presumed sales have refilled");
-    // Every window from 0.2 s to the whole run: capacity + rate × (W + the call's timeout), as above.
-    let worst = timeline.worst(Duration::from_millis(200), |w| {
-        STOCK as f64 + RATE as f64 * (w + TIMEOUT).as_secs_f64()
-    });
-    eprintln!("worst window: {worst}");
-    assert!(worst.ratio <= 1.0, "over the bound in a window: {worst}");
+    assert_within_the_bound(&timeline, STOCK, RATE);
     newcomer.shutdown().await;
 }
 
@@ -337,14 +332,8 @@ async fn a_member_that_exits_owing_is_not_sold_twice_when_the_others_charge_firs
     for t in tasks {
         t.await.expect("seller");
     }
-    let worst = timeline.worst(Duration::from_millis(200), |w| {
-        STOCK as f64 + SLOW as f64 * (w + TIMEOUT).as_secs_f64()
-    });
-    eprintln!(
-        "sold alone after the outage: {}; worst window: {worst}",
-        alone.load(Ordering::Relaxed)
-    );
-    assert!(worst.ratio <= 1.0, "over the bound in a window: {worst}");
+    eprintln!("sold alone after the outage: {}", alone.load(Ordering::Relaxed));
+    assert_within_the_bound(&timeline, STOCK, SLOW);
     for l in &sellers {
         l.shutdown().await;
     }
