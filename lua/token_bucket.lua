@@ -59,10 +59,13 @@ end
 -- refilled since ts at the parameters it was computed with, capped at that capacity, then rescaled to this per and
 -- capped at this capacity. A key written before capacity and rate were recorded reads them as this call's. The third
 -- value says whether it was computed with this call's parameters (a call that changes nothing then writes nothing).
+-- The fourth is `pend`: tokens that paced leases were granted and have not released yet (token_lease.lua), an
+-- upper bound kept as `pend` tokens at `pend_ts` falling linearly to 0 at `pend_end` (ms). The level refills to at
+-- most capacity − pend: the level and the tokens still to be released never hold more than the capacity together.
 local function load_bucket(key, capacity, rate, per, now)
-  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate')
+  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate', 'pend', 'pend_ts', 'pend_end')
   local level, ts = tonumber(s[1]), tonumber(s[2])
-  if level == nil or ts == nil then return nil, now, true end
+  if level == nil or ts == nil then return nil, now, true, 0 end
   local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
   local was_rate = tonumber(s[5]) or rate
   if was_per < 1 then was_per = per end
@@ -73,27 +76,45 @@ local function load_bucket(key, capacity, rate, per, now)
   if level > was_capacity * was_per then level = was_capacity * was_per end
   level = rescale(level, was_per, per)
   if level > capacity * per then level = capacity * per end
-  return level, ts, was_per == per and was_capacity == capacity and was_rate == rate
+  local same = was_per == per and was_capacity == capacity and was_rate == rate
+  local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
+  if pend <= 0 or now >= pend_end then return level, ts, same, 0 end
+  local from = tonumber(s[7]) or now
+  if now > from then pend = cdiv(pend * (pend_end - now), pend_end - from) end
+  if level > (capacity - pend) * per then level = (capacity - pend) * per end
+  return level, ts, same, pend
 end
--- Stores the bucket with the parameters it is computed with. A full bucket is deleted (it equals a missing key); any
--- other expires when it would be full again, never at rate 0 (expiring would refill a stock).
-local function save_bucket(key, level, ts, capacity, rate, per)
+-- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
+-- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
+-- unless held or paced; any other expires when it would be full again and no hold or pace is left, never at rate 0
+-- (expiring would refill a stock).
+local function save_bucket(key, level, ts, capacity, rate, per, pace)
   local full = capacity * per
-  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends.
-  local held = (tonumber(redis.call('HGET', key, 'hold') or '0') or 0) - ts
-  if level >= full and held <= 0 then
+  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends; a paced one until
+  -- its leases have released everything.
+  local s = redis.call('HMGET', key, 'hold', 'pend_end')
+  local held = (tonumber(s[1] or '0') or 0) - ts
+  local paced = (tonumber(s[2] or '0') or 0) - ts
+  if pace then paced = pace[2] - ts end
+  if level >= full and held <= 0 and paced <= 0 then
     redis.call('DEL', key)
     return
   end
   if level > full then level = full end
-  redis.call('HSET', key, 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity),
-    'rate', int(rate))
+  -- Pending fields whose line has ended go: the hash then reads as one no paced lease has written.
+  if not pace and paced <= 0 and s[2] then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
+  local f = { 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity), 'rate', int(rate) }
+  if pace then
+    for _, v in ipairs({ 'pend', int(pace[1]), 'pend_ts', int(ts), 'pend_end', int(pace[2]) }) do f[#f + 1] = v end
+  end
+  redis.call('HSET', key, unpack(f))
   if rate == 0 then
     redis.call('PERSIST', key)
     return
   end
   local ttl = cdiv(full - level, rate)
   if held > ttl then ttl = held end
+  if paced > ttl then ttl = paced end
   redis.call('PEXPIRE', key, int(ttl))
 end
 

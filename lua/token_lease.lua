@@ -8,7 +8,11 @@
 -- ARGV[4]  min        tokens, integer ≥ 1: grant nothing unless at least this many are there
 -- ARGV[5]  max        tokens, integer ≥ min: grant at most this many
 -- ARGV[6]  batch      tokens, integer ≥ 0: what the caller's leases are sized for, which spaces the turns (0: no turn)
--- ARGV[7]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
+-- ARGV[7]  chunk      tokens, integer ≥ 0: a paced lease (0: not paced) releases its grant to its callers in chunks
+--                     of this many tokens,
+-- ARGV[8]  chunk_ms   integer ≥ 0: one every this many ms from when it was sent, each spent within the lease TTL of
+--                     its release (invariant 1)
+-- ARGV[9]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         tokens granted: 0, or between min and max
@@ -23,7 +27,16 @@
 -- turn = max(turn, now) + spacing, spacing = ceil(3 × ceil(batch × per_ms / rate) / 5) ms (three fifths of the
 -- refill of a batch, at least 1; batch capped at capacity), and retry_after_ms is the wait for it. So the processes
 -- of a saturated key call one after another, a turn's refill apart, however many they are. The turn lives in the
--- bucket's hash: a full bucket (deleted) has none. Mirrors TokenBucket::lease in src/algorithm/token_bucket.rs,
+-- bucket's hash: a full bucket (deleted) has none.
+--
+-- Paced leases: a process that spends a saturated bucket's turn slowly (100 decisions a second in a fleet of 1000)
+-- would bring a TTL's spending per call. A paced grant of n tokens is released in chunks, one every chunk_ms, so
+-- one call brings a second's spending or more. It is taken from the level at once, and the bucket remembers it as
+-- pending: n tokens falling linearly to 0 over ceil(n / chunk) × chunk_ms, merged with what is pending already
+-- into one line from now to the later end (the line over a sum of such falls is above it, so it stays an upper
+-- bound of the tokens not released yet). The level then refills to at most capacity − pending (load_bucket): the
+-- level plus the tokens to be released is a token bucket that grants each token when its chunk is released, so
+-- invariant 1's bound holds with the TTL counted from each chunk's release. Mirrors TokenBucket::lease in src/algorithm/token_bucket.rs,
 -- which gives the same replies and stores the same state.
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
@@ -52,10 +65,13 @@ end
 -- refilled since ts at the parameters it was computed with, capped at that capacity, then rescaled to this per and
 -- capped at this capacity. A key written before capacity and rate were recorded reads them as this call's. The third
 -- value says whether it was computed with this call's parameters (a call that changes nothing then writes nothing).
+-- The fourth is `pend`: tokens that paced leases were granted and have not released yet (token_lease.lua), an
+-- upper bound kept as `pend` tokens at `pend_ts` falling linearly to 0 at `pend_end` (ms). The level refills to at
+-- most capacity − pend: the level and the tokens still to be released never hold more than the capacity together.
 local function load_bucket(key, capacity, rate, per, now)
-  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate')
+  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate', 'pend', 'pend_ts', 'pend_end')
   local level, ts = tonumber(s[1]), tonumber(s[2])
-  if level == nil or ts == nil then return nil, now, true end
+  if level == nil or ts == nil then return nil, now, true, 0 end
   local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
   local was_rate = tonumber(s[5]) or rate
   if was_per < 1 then was_per = per end
@@ -66,27 +82,45 @@ local function load_bucket(key, capacity, rate, per, now)
   if level > was_capacity * was_per then level = was_capacity * was_per end
   level = rescale(level, was_per, per)
   if level > capacity * per then level = capacity * per end
-  return level, ts, was_per == per and was_capacity == capacity and was_rate == rate
+  local same = was_per == per and was_capacity == capacity and was_rate == rate
+  local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
+  if pend <= 0 or now >= pend_end then return level, ts, same, 0 end
+  local from = tonumber(s[7]) or now
+  if now > from then pend = cdiv(pend * (pend_end - now), pend_end - from) end
+  if level > (capacity - pend) * per then level = (capacity - pend) * per end
+  return level, ts, same, pend
 end
--- Stores the bucket with the parameters it is computed with. A full bucket is deleted (it equals a missing key); any
--- other expires when it would be full again, never at rate 0 (expiring would refill a stock).
-local function save_bucket(key, level, ts, capacity, rate, per)
+-- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
+-- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
+-- unless held or paced; any other expires when it would be full again and no hold or pace is left, never at rate 0
+-- (expiring would refill a stock).
+local function save_bucket(key, level, ts, capacity, rate, per, pace)
   local full = capacity * per
-  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends.
-  local held = (tonumber(redis.call('HGET', key, 'hold') or '0') or 0) - ts
-  if level >= full and held <= 0 then
+  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends; a paced one until
+  -- its leases have released everything.
+  local s = redis.call('HMGET', key, 'hold', 'pend_end')
+  local held = (tonumber(s[1] or '0') or 0) - ts
+  local paced = (tonumber(s[2] or '0') or 0) - ts
+  if pace then paced = pace[2] - ts end
+  if level >= full and held <= 0 and paced <= 0 then
     redis.call('DEL', key)
     return
   end
   if level > full then level = full end
-  redis.call('HSET', key, 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity),
-    'rate', int(rate))
+  -- Pending fields whose line has ended go: the hash then reads as one no paced lease has written.
+  if not pace and paced <= 0 and s[2] then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
+  local f = { 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity), 'rate', int(rate) }
+  if pace then
+    for _, v in ipairs({ 'pend', int(pace[1]), 'pend_ts', int(ts), 'pend_end', int(pace[2]) }) do f[#f + 1] = v end
+  end
+  redis.call('HSET', key, unpack(f))
   if rate == 0 then
     redis.call('PERSIST', key)
     return
   end
   local ttl = cdiv(full - level, rate)
   if held > ttl then ttl = held end
+  if paced > ttl then ttl = paced end
   redis.call('PEXPIRE', key, int(ttl))
 end
 
@@ -96,11 +130,12 @@ local per = tonumber(ARGV[3])
 local min = tonumber(ARGV[4])
 local max = tonumber(ARGV[5])
 local batch = tonumber(ARGV[6])
-if not (capacity and rate and per and min and max and batch) or capacity < 1 or rate < 0 or per < 1 or min < 1
-    or max < min or batch < 0 then
-  return redis.error_reply('ERR token_lease: bad arguments (capacity, rate, per_ms, min, max, batch)')
+local chunk, chunk_ms = tonumber(ARGV[7]), tonumber(ARGV[8])
+if not (capacity and rate and per and min and max and batch and chunk and chunk_ms) or capacity < 1 or rate < 0
+    or per < 1 or min < 1 or max < min or batch < 0 or chunk < 0 or chunk_ms < 0 then
+  return redis.error_reply('ERR token_lease: bad arguments (capacity, rate, per_ms, min, max, batch, chunk, chunk_ms)')
 end
-local now_arg = 7
+local now_arg = 9
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
@@ -108,7 +143,7 @@ if not now then
 end
 
 local full = capacity * per
-local level, ts, same = load_bucket(KEYS[1], capacity, rate, per, now)
+local level, ts, same, pend = load_bucket(KEYS[1], capacity, rate, per, now)
 if level == nil then level = full end
 
 local function reset_after_of(l)
@@ -150,6 +185,15 @@ if rate > 0 and batch > 0 and retry_after ~= -1 and whole(level) < min then
   if turn - now > retry_after then retry_after = turn - now end
 end
 
-if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+-- A paced grant of more than one chunk is pending until its last chunk is released.
+local pace = nil
+if chunk > 0 and chunk_ms > 0 and granted > chunk then
+  local pend_end = now + cdiv(granted, chunk) * chunk_ms
+  local was_end = tonumber(redis.call('HGET', KEYS[1], 'pend_end') or '0') or 0
+  if pend > 0 and was_end > pend_end then pend_end = was_end end
+  pace = { pend + granted, pend_end }
+end
+
+if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, pace) end
 if turn and level < full then redis.call('HSET', KEYS[1], 'turn', int(turn)) end
 return { granted, whole(level), retry_after, reset_after_of(level) }

@@ -7,12 +7,14 @@
 pub mod ban;
 pub(crate) mod fleet;
 pub mod leaky_bucket;
+pub mod paced;
 mod reply;
 pub mod token_bucket;
 pub mod window;
 
 pub use ban::Ban;
 pub use leaky_bucket::{LeakyBucket, Tat};
+pub use paced::Pace;
 pub(crate) use reply::{ceil_div, ms};
 pub use reply::{Reply, MAX_EXACT, NEVER};
 pub use token_bucket::{TokenBucket, TokenBucketState};

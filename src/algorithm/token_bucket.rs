@@ -6,6 +6,7 @@
 //! nothing drifts, unlike a float refill. Seed 002's "refill task that pushes tokens on a schedule" is replaced
 //! by computing the refill from the last timestamp when the bucket is next touched.
 
+use super::paced::{Pace, Pending};
 use super::{ceil_div, ms, Ban, Reply, MAX_EXACT, NEVER};
 
 /// Parameters of one token bucket: `capacity` tokens, refilled with `rate` tokens every `per_ms` milliseconds.
@@ -30,14 +31,18 @@ pub struct TokenBucketState {
     /// The parameters `level` was computed with (the hash's `capacity`, `rate`, `per`): after a reload the time
     /// since `ts_ms` refills at these, then the level is converted to the new ones (invariant 11).
     pub bucket: TokenBucket,
+    /// What paced leases have yet to release (the hash's `pend` fields, `lua/token_lease.lua`): the level refills
+    /// to at most the capacity less these.
+    pub paced: Pending,
 }
 
 impl TokenBucketState {
-    /// Milliseconds at which this bucket is full again at the parameters it records (when the Redis key expires:
-    /// a script stores it with `PEXPIRE` of that rest); `None` at rate 0, which never refills.
+    /// Milliseconds at which this bucket is full again at the parameters it records and its paced leases have
+    /// released everything (when the Redis key expires: a script stores it with `PEXPIRE` of that rest); `None`
+    /// at rate 0, which never refills.
     pub(crate) fn full_at_ms(&self) -> Option<u64> {
         let rest = u64::try_from(self.bucket.reset_after(self.level)).ok()?;
-        Some(self.ts_ms.saturating_add(rest))
+        Some(self.ts_ms.saturating_add(rest).max(self.paced.until_ms))
     }
 }
 
@@ -118,6 +123,7 @@ impl TokenBucket {
                 level: full,
                 ts_ms: now_ms,
                 bucket: *self,
+                paced: Pending::default(),
             };
         };
         let mut was = s.bucket;
@@ -130,12 +136,18 @@ impl TokenBucket {
             level = i64::try_from((i128::from(level) + added).min(i128::from(was.full()))).unwrap_or(full);
             ts_ms = now_ms;
         }
-        let level = rescale(level.min(was.full()), was.per_ms, self.per_ms).min(full);
+        let level = rescale(level.min(was.full()), was.per_ms, self.per_ms).min(self.top(&s.paced, now_ms));
         TokenBucketState {
             level,
             ts_ms,
             bucket: *self,
+            paced: s.paced,
         }
+    }
+
+    /// The highest level at `now_ms`: full, less what paced leases have yet to release.
+    fn top(&self, paced: &Pending, now_ms: u64) -> i64 {
+        self.full().saturating_sub(self.units(paced.at(now_ms)))
     }
 
     /// What a call that changes nothing (a refusal) leaves stored: the state as it was when it was computed
@@ -209,16 +221,23 @@ impl TokenBucket {
     /// (the last turn handed out, 0 when none) moves to `max(turn_ms, now_ms)` plus
     /// [`TokenBucket::turn_spacing`] of `batch`, and the reply's `retry_after_ms` is the wait for it (at least
     /// the wait for `min` tokens on a refusal). So the processes of a saturated key call one after another,
-    /// a turn's refill apart, whatever their number, and none bunch. Returns the state, the last turn handed
+    /// a turn's refill apart, whatever their number, and none bunch. A grant released by `pace` (more than one
+    /// chunk) is added to the bucket's pending tokens ([`Pending::with`]). Returns the state, the last turn handed
     /// out and the reply. A lease never leaves the bucket full, so it never has to drop the turn; a store drops
     /// it with a bucket that another call filled (Redis deletes the hash that holds it).
     pub(crate) fn lease(
         &self,
         (state, turn_ms): (Option<TokenBucketState>, u64),
         (min, max, batch): (u64, u64, u64),
+        pace: Pace,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, u64, Reply) {
-        let (new, mut reply) = self.take(state, min, max, now_ms);
+        let (mut new, mut reply) = self.take(state, min, max, now_ms);
+        if let Some(s) = new.as_mut().filter(|_| pace.span_ms(reply.granted).is_some()) {
+            s.paced = s.paced.with(reply.granted, pace, now_ms);
+            // From the state's timestamp, as the script's `pend_ts` (later than now only on a clock gone back).
+            s.paced.from_ms = s.paced.from_ms.max(s.ts_ms);
+        }
         let mut turn = turn_ms;
         if self.rate > 0 && batch > 0 && reply.retry_after_ms != NEVER && reply.remaining < min {
             turn = turn.max(now_ms).saturating_add(self.turn_spacing(batch));
@@ -346,7 +365,10 @@ impl TokenBucket {
         };
         let mut s = self.refill(Some(state), now_ms);
         let before = self.tokens(s.level);
-        s.level = s.level.saturating_add(self.units(tokens)).min(self.full());
+        s.level = s
+            .level
+            .saturating_add(self.units(tokens))
+            .min(self.top(&s.paced, now_ms));
         let after = self.tokens(s.level);
         let reply = Reply {
             granted: u64::try_from(after - before).unwrap_or(0),
@@ -382,9 +404,14 @@ impl TokenBucket {
         (self.stored(s), reply)
     }
 
-    /// A full bucket equals a missing key: store nothing.
-    fn stored(&self, s: TokenBucketState) -> Option<TokenBucketState> {
-        (s.level < self.full()).then_some(s)
+    /// A full bucket equals a missing key: store nothing (a paced one is kept until its leases have released
+    /// everything).
+    fn stored(&self, mut s: TokenBucketState) -> Option<TokenBucketState> {
+        if s.paced.until_ms <= s.ts_ms {
+            // Ended: the script deletes the pending fields.
+            s.paced = Pending::default();
+        }
+        (s.level < self.full() || s.paced.until_ms > s.ts_ms).then_some(s)
     }
 }
 
@@ -459,25 +486,25 @@ mod tests {
         };
         assert_eq!(b.turn_spacing(50), 30);
         // All it asked for, and as much left: no turn.
-        let (s, turn, r) = b.lease((None, 0), (1, 50, 50), 0);
+        let (s, turn, r) = b.lease((None, 0), (1, 50, 50), Pace::default(), 0);
         assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 50, 0, 0));
         // The next drains the bucket: the first turn, 30 ms from now.
-        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), 0);
+        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 0);
         assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 0, 30, 30));
         // Two more callers at 10 ms: a grant of what refilled and a refusal, each given the next turn.
-        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), 10);
+        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 10);
         assert_eq!((r.granted, r.retry_after_ms, turn), (10, 50, 60));
-        let (s, turn, r) = b.lease((s, turn), (5, 60, 50), 10);
+        let (s, turn, r) = b.lease((s, turn), (5, 60, 50), Pace::default(), 10);
         assert_eq!((r.granted, r.retry_after_ms, turn), (0, 80, 90));
         // The bucket refilled: a batch taken and one left, no turn (the last stays as it was).
-        let (s, turn, r) = b.lease((s, turn), (1, 50, 50), 500);
+        let (s, turn, r) = b.lease((s, turn), (1, 50, 50), Pace::default(), 500);
         assert_eq!((r.granted, r.retry_after_ms, turn), (50, 0, 90));
         // Turns past: the next starts from now.
-        let (_, turn, r) = b.lease((s, turn), (1, 60, 50), 500);
+        let (_, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 500);
         assert_eq!((r.granted, r.retry_after_ms, turn), (50, 30, 530));
         // A stock or a cost above the capacity is never: no turn.
         let stock = TokenBucket { rate: 0, ..b };
-        let (_, turn, r) = stock.lease((Some(stock.refill(None, 0)), 0), (101, 101, 50), 0);
+        let (_, turn, r) = stock.lease((Some(stock.refill(None, 0)), 0), (101, 101, 50), Pace::default(), 0);
         assert_eq!((r.retry_after_ms, turn), (NEVER, 0));
     }
 

@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::schedule::{paced_turn, Schedule};
 use super::shards::{Counts, Shards};
-use crate::algorithm::{Reply, TokenBucket};
+use crate::algorithm::{Pace, Reply, TokenBucket};
 use crate::clock::{nanos, NEVER_NS};
 use crate::error::FailReason;
 use crate::rule::Lease;
@@ -39,6 +40,8 @@ struct Batch {
 struct Book {
     /// Live batches, oldest first.
     batches: VecDeque<Batch>,
+    /// The chunks of a paced lease still to be released.
+    schedule: Schedule,
     /// The adaptive batch size, in tokens.
     batch: u64,
     /// The shared bucket is saturated: the last lease was handed a turn (`token_lease.lua`) or left less than a
@@ -69,6 +72,8 @@ pub(crate) struct LeasePlan {
     /// What a turn on the saturated bucket should bring (at least the batch): the bucket spaces the turns it
     /// hands this process by it (`token_lease.lua`).
     pub turn: u64,
+    /// How the grant is released: paced in chunks when a turn brings more than the demand spends in the TTL.
+    pub pace: Pace,
 }
 
 /// One key's leased tokens in this process.
@@ -84,8 +89,10 @@ pub(crate) struct LocalBucket {
     pub lease: Lease,
     /// Tokens that may be spent now, in per-core shards.
     tokens: Shards,
-    /// Earliest deadline of a batch holding tokens; [`NEVER_NS`] when none.
+    /// Earliest deadline of a batch holding tokens, or release of a scheduled chunk; [`NEVER_NS`] when none.
     next_deadline_ns: AtomicU64,
+    /// When the next scheduled chunk is released; [`NEVER_NS`] when none.
+    next_release_ns: AtomicU64,
     /// The shared bucket said "empty": refuse locally until then.
     exhausted_until_ns: AtomicU64,
     /// The shared bucket said it will never have enough (a rate-0 stock): report "never" while exhausted.
@@ -135,6 +142,7 @@ impl LocalBucket {
             lease,
             tokens: Shards::default(),
             next_deadline_ns: AtomicU64::new(NEVER_NS),
+            next_release_ns: AtomicU64::new(NEVER_NS),
             exhausted_until_ns: AtomicU64::new(0),
             exhausted_never: AtomicBool::new(false),
             failing_until_ns: AtomicU64::new(0),
@@ -149,6 +157,7 @@ impl LocalBucket {
             notify: Notify::new(),
             book: Mutex::new(Book {
                 batches: VecDeque::new(),
+                schedule: Schedule::default(),
                 batch: lease.min_batch,
                 saturated: false,
                 last_lease_ns: now_ns,
@@ -205,7 +214,7 @@ impl LocalBucket {
         Some(until)
     }
 
-    /// Whether a batch's deadline has passed, so [`Self::expire`] has work.
+    /// Whether a batch's deadline has passed or a scheduled chunk is due, so [`Self::expire`] has work.
     #[inline]
     pub(crate) fn has_expired(&self, now_ns: u64) -> bool {
         now_ns >= self.next_deadline_ns.load(Ordering::Acquire)
@@ -221,7 +230,13 @@ impl LocalBucket {
         let until = self.exhausted_until_ns.load(Ordering::Acquire);
         if now_ns < until {
             let never = self.exhausted_never.load(Ordering::Relaxed);
-            let retry_ns = if never { NEVER_NS } else { until - now_ns };
+            // Back when the next chunk of a paced lease is released, at the latest.
+            let next = until.min(
+                self.next_release_ns
+                    .load(Ordering::Relaxed)
+                    .max(now_ns.saturating_add(1_000_000)),
+            );
+            let retry_ns = if never { NEVER_NS } else { next - now_ns };
             self.tokens.refused();
             return Take::Exhausted { retry_ns };
         }
@@ -317,6 +332,13 @@ impl LocalBucket {
         } else {
             batch
         };
+        // Paced instead when a turn would bring more as chunks: the turn is then what the demand spends while the
+        // burst refills, and nothing is left unspent within a chunk's TTL.
+        let paced = paced_turn((&self.bucket, lease), book.saturated, book.demand_per_s, spendable);
+        let (pace, turn, spendable) = match paced {
+            Some((pace, paced)) => (pace, paced, u64::MAX),
+            None => (Pace::default(), turn, spendable),
+        };
         if book.saturated {
             batch = batch.max(turn);
         } else {
@@ -345,27 +367,33 @@ impl LocalBucket {
             max,
             batch,
             turn: turn.max(batch),
+            pace,
         }
     }
 
-    /// Adds a granted batch that must be spent by `deadline_ns`.
+    /// Adds a grant of a lease sent at `sent_ns`: its tokens must be spent within the TTL of that, or, paced
+    /// (`plan.pace`), each chunk within the TTL of its release ([`Schedule::split`]); the first chunk is
+    /// spendable at once, the others are released by [`Self::expire`].
     ///
     /// When the shared bucket could not give a whole batch, or has less than a batch left (saturation), it
     /// handed this process a turn (`grant.retry_after_ms`, `token_lease.lua`): the next lease is not sent
-    /// before it, and until then callers that find no local tokens are refused locally (docs/ARCHITECTURE.md,
-    /// invariants 4 and 18).
+    /// before it, nor before the last chunk, and until then callers that find no local tokens are refused
+    /// locally (docs/ARCHITECTURE.md, invariants 4 and 18).
     ///
-    /// Returns `false`, adding nothing, when the bucket is retired or the deadline has already passed (a late
-    /// reply): the caller gives the grant back.
+    /// Returns `false`, adding nothing, when the bucket is retired or the first chunk's deadline has already
+    /// passed (a late reply): the caller gives the grant back.
     #[must_use = "a grant that is not added must be given back"]
-    pub(crate) fn add(&self, grant: &Reply, deadline_ns: u64, plan: LeasePlan, now_ns: u64) -> bool {
+    pub(crate) fn add(&self, grant: &Reply, sent_ns: u64, plan: LeasePlan, now_ns: u64) -> bool {
+        let ttl_ns = nanos(self.lease.ttl);
+        let deadline_ns = sent_ns.saturating_add(ttl_ns);
         let mut book = self.lock();
         if self.retired.load(Ordering::Acquire) || now_ns >= deadline_ns {
             return false;
         }
         Self::attribute(&mut book, self.tokens.total());
+        let first = book.schedule.split(grant.granted, plan.pace, sent_ns);
         book.batches.push_back(Batch {
-            tokens: grant.granted,
+            tokens: first.tokens,
             deadline_ns,
         });
         // The deadline is in force before the tokens can be spent.
@@ -373,9 +401,12 @@ impl LocalBucket {
         let turn_ns = u64::try_from(grant.retry_after_ms)
             .unwrap_or(0)
             .saturating_mul(1_000_000);
-        // Saturated: handed a turn, or all it asked for but the bucket has less than a batch left (the next
-        // lease takes what is there, up to two batches, and is handed a turn then).
-        book.saturated = turn_ns > 0 || grant.remaining < plan.batch;
+        // Saturated: handed a turn, or all it asked for but the bucket has less than a batch left, or less than
+        // half its burst (the fleet spends it: a process whose batch is a small fair share would otherwise lease
+        // what accumulates between the turns, a call per few tokens). The next lease takes what is there, up to
+        // two batches, and is handed a turn then.
+        book.saturated =
+            turn_ns > 0 || grant.remaining < plan.batch || grant.remaining.saturating_mul(2) < self.bucket.capacity;
         // The next lease starts while enough is left to last two of this lease's round trips at the spend rate
         // (a quarter of the batch at least, the whole batch at most): on a slow network the refill then
         // arrives before the tokens run out.
@@ -384,9 +415,10 @@ impl LocalBucket {
         let for_two_trips = u64::try_from(for_two_trips).unwrap_or(u64::MAX);
         self.low_watermark
             .store((plan.batch / 4).max(for_two_trips).min(plan.batch), Ordering::Relaxed);
-        self.tokens.add(grant.granted);
-        // Not before the turn the bucket handed out (0: none).
-        let not_before = if turn_ns > 0 { now_ns.saturating_add(turn_ns) } else { 0 };
+        self.tokens.add(first.tokens);
+        // Not before the turn the bucket handed out (0: none), nor before the last chunk is released.
+        let turn = if turn_ns > 0 { now_ns.saturating_add(turn_ns) } else { 0 };
+        let not_before = turn.max(book.schedule.last_ns().unwrap_or(0));
         self.exhausted_never.store(false, Ordering::Relaxed);
         self.exhausted_until_ns.store(not_before, Ordering::Release);
         self.failing_until_ns.store(0, Ordering::Release);
@@ -435,12 +467,26 @@ impl LocalBucket {
         FailReason::ALL.get(i).copied().unwrap_or(FailReason::Error)
     }
 
-    /// Removes the tokens whose deadline has passed and returns how many, to be given back.
+    /// Releases the scheduled chunks that are due, then removes the tokens whose deadline has passed and
+    /// returns how many, to be given back.
     ///
     /// Callers taking tokens meanwhile take the oldest first, so what is removed may include tokens of a live
     /// batch: those go back to the shared bucket too, never spent twice.
     pub(crate) fn expire(&self, now_ns: u64) -> u64 {
         let mut book = self.lock();
+        Self::attribute(&mut book, self.tokens.total());
+        let ttl_ns = nanos(self.lease.ttl);
+        let mut released = 0;
+        for chunk in book.schedule.due(now_ns) {
+            book.batches.push_back(Batch {
+                tokens: chunk.tokens,
+                deadline_ns: chunk.at_ns.saturating_add(ttl_ns),
+            });
+            released += chunk.tokens;
+        }
+        // The deadlines are in force before the tokens can be spent.
+        self.publish_deadline(&book);
+        self.tokens.add(released);
         let current = self.tokens.total();
         Self::attribute(&mut book, current);
         let live: u64 = book
@@ -460,13 +506,19 @@ impl LocalBucket {
         self.retired.store(true, Ordering::Release);
     }
 
-    /// Takes every token (shutdown, eviction) and returns how many, to be given back.
+    /// Takes every token, scheduled chunks included (shutdown, eviction), and returns how many, to be given back.
     pub(crate) fn drain(&self) -> u64 {
         let mut book = self.lock();
         self.retired.store(true, Ordering::Release);
         book.batches.clear();
-        self.next_deadline_ns.store(NEVER_NS, Ordering::Release);
-        self.tokens.drain()
+        let scheduled = book.schedule.clear();
+        self.publish_deadline(&book);
+        self.tokens.drain().saturating_add(scheduled)
+    }
+
+    /// Tokens of paced leases not released yet.
+    pub(crate) fn scheduled(&self) -> u64 {
+        self.lock().schedule.tokens()
     }
 
     /// The decisions counted since the last call, for the metrics.
@@ -506,8 +558,10 @@ impl LocalBucket {
     }
 
     fn publish_deadline(&self, book: &Book) {
-        let next = book.batches.front().map_or(NEVER_NS, |b| b.deadline_ns);
-        self.next_deadline_ns.store(next, Ordering::Release);
+        let release = book.schedule.next_ns().unwrap_or(NEVER_NS);
+        let deadline = book.batches.front().map_or(NEVER_NS, |b| b.deadline_ns);
+        self.next_release_ns.store(release, Ordering::Release);
+        self.next_deadline_ns.store(deadline.min(release), Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {

@@ -20,40 +20,123 @@ fn local_bucket() -> LocalBucket {
     LocalBucket::new("k", "k".into(), bucket, lease(), 0)
 }
 
-#[test]
-fn expiry_gives_back_only_what_older_batches_left() {
-    let b = local_bucket();
-    let plan = b.plan(1000, 1, 0);
-    let grant = |tokens| Reply {
+const MS: u64 = 1_000_000;
+
+fn grant(tokens: u64) -> Reply {
+    Reply {
         granted: tokens,
         remaining: 990,
         retry_after_ms: 0,
         reset_after_ms: 0,
-    };
-    assert!(b.add(&grant(10), 200, plan, 0));
-    assert!(matches!(b.try_take(4, 10), Take::Taken { .. }));
+    }
+}
+
+#[test]
+fn expiry_gives_back_only_what_older_batches_left() {
+    let b = local_bucket();
+    let plan = b.plan(1000, 1, 0);
+    assert!(b.add(&grant(10), 0, plan, 0));
+    assert!(matches!(b.try_take(4, 10 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 6);
-    assert!(b.add(&grant(10), 300, plan, 100));
+    assert!(b.add(&grant(10), 100 * MS, plan, 100 * MS));
     assert!(
-        !b.add(&grant(10), 150, plan, 150),
+        !b.add(&grant(10), 0, plan, 250 * MS),
         "a reply after its deadline is not added"
     );
-    // 16 left: 6 of the first batch, 10 of the second. At 200 the first batch's 6 expire.
-    assert_eq!(b.expire(199), 0);
-    assert_eq!(b.expire(200), 6);
+    // 16 left: 6 of the first batch, 10 of the second. At 200 ms the first batch's 6 expire.
+    assert_eq!(b.expire(200 * MS - 1), 0);
+    assert_eq!(b.expire(200 * MS), 6);
     assert_eq!(b.available(), 10);
-    assert!(matches!(b.try_take(3, 201), Take::Taken { .. }));
+    assert!(matches!(b.try_take(3, 201 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 7);
-    assert_eq!(b.expire(300), 7);
+    assert_eq!(b.expire(300 * MS), 7);
     assert_eq!(b.available(), 0);
-    assert!(!b.has_expired(10_000), "nothing left to expire");
-    assert!(b.add(&grant(5), 20_000, plan, 10_000));
+    assert!(!b.has_expired(10_000 * MS), "nothing left to expire");
+    assert!(b.add(&grant(5), 10_000 * MS, plan, 10_000 * MS));
     assert_eq!(b.drain(), 5);
     assert!(!b.claim_lease(), "a retired bucket starts no lease");
     assert!(
-        !b.add(&grant(10), 90_000, plan, 10_001),
+        !b.add(&grant(10), 10_001 * MS, plan, 10_001 * MS),
         "nor takes a grant: it goes back"
     );
+}
+
+/// The shipped rule's bucket (2000 tokens, 1000 a second, batches of 10 to 500 for 200 ms), made hot on a
+/// saturated shared bucket, that has refused 10 decisions in its first 100 ms: 100 a second, as each process of
+/// a fleet of 1000 sharing 10^5.
+fn slow_saturated() -> LocalBucket {
+    let bucket = TokenBucket {
+        capacity: 2_000,
+        rate: 1_000,
+        per_ms: 1_000,
+    };
+    let lease = Lease {
+        min_batch: 10,
+        max_batch: 500,
+        ttl: Duration::from_millis(200),
+        hot_after: None,
+    };
+    let b = LocalBucket::new("k", "tl:{r:k}".into(), bucket, lease, 0).measuring();
+    b.refused(Duration::from_millis(100), Duration::ZERO, Duration::ZERO, 0);
+    for i in 0..10 {
+        assert!(matches!(b.try_take(1, i * 10 * MS), Take::Exhausted { .. }));
+    }
+    b
+}
+
+#[test]
+fn a_slow_process_on_a_saturated_bucket_leases_a_paced_turn() {
+    let b = slow_saturated();
+    let plan = b.plan(2, 1, 100 * MS);
+    // It spends 18 tokens in the TTL but 200 while the burst refills (2 s): a turn of 200, up to 400 when it
+    // comes late, released 10 every 100 ms (what it spends in half a TTL).
+    assert_eq!(
+        plan,
+        LeasePlan {
+            min: 1,
+            max: 400,
+            batch: 200,
+            turn: 200,
+            pace: Pace {
+                chunk: 10,
+                chunk_ms: 100
+            },
+        }
+    );
+    // A fast process (2500 a second) spends a whole batch in the TTL: not paced.
+    let fast = local_bucket();
+    let _ = fast.plan(1000, 1, 0);
+    for i in 0..250 {
+        let _ = fast.try_take(1, i * 400_000);
+    }
+    fast.refused(Duration::from_millis(1), Duration::ZERO, Duration::ZERO, 0);
+    assert_eq!(fast.plan(1000, 1, 100 * MS).pace, Pace::default());
+}
+
+#[test]
+fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
+    let b = slow_saturated();
+    let sent = 100 * MS;
+    let plan = b.plan(2, 1, sent);
+    assert!(b.add(&grant(35), sent, plan, sent + MS));
+    // The first chunk at once; the next at 200 ms, 300 ms and (the last 5) 400 ms.
+    assert_eq!((b.available(), b.scheduled()), (10, 25));
+    for t in 0..10 {
+        assert!(matches!(b.try_take(1, sent + (2 + t) * MS), Take::Taken { .. }));
+    }
+    // Spent: refused until the next chunk (not until the last, nor a lease before it).
+    assert_eq!(b.try_take(1, 150 * MS), Take::Exhausted { retry_ns: 50 * MS });
+    assert!(!b.below_watermark(0, 150 * MS), "no lease while chunks are to come");
+    assert!(!b.has_expired(200 * MS - 1));
+    assert!(b.has_expired(200 * MS));
+    assert_eq!(b.expire(200 * MS), 0);
+    assert_eq!((b.available(), b.scheduled()), (10, 15));
+    // Unspent, the chunk released at 200 ms goes back at 400 ms, when the last chunk comes.
+    assert_eq!(b.expire(400 * MS), 10);
+    assert_eq!((b.available(), b.scheduled()), (15, 0));
+    assert!(b.add(&grant(30), 400 * MS, plan, 401 * MS));
+    // Drained: what is left and what was still to come go back.
+    assert_eq!(b.drain(), 15 + 30);
 }
 
 #[test]

@@ -282,7 +282,7 @@ impl Engine {
             }
         }
         let _finish = Finish(local);
-        let (bucket, lease) = (&local.bucket, &local.lease);
+        let bucket = &local.bucket;
         let clock = &self.clock;
         // The fleet's count divides the fair share (invariant 17): a rule's first lease waits for it.
         let unleased = unleased(bucket);
@@ -301,6 +301,7 @@ impl Engine {
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
         let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
+            .paced(plan.pace)
             .with_timeout(self.store.timeouts.lease);
         // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
         let modes = (compiled.fail_mode, &unleased);
@@ -327,9 +328,8 @@ impl Engine {
                 }
                 m.leased_tokens.increment(reply.granted);
                 self.leased_tokens.fetch_add(reply.granted, Ordering::Relaxed);
-                // The deadline counts from when the lease was sent: never later than the grant.
-                let deadline = sent.saturating_add(nanos(lease.ttl));
-                if self.background.is_closed() || !local.add(&reply, deadline, plan, now) {
+                // The deadlines count from when the lease was sent: never later than the grant.
+                if self.background.is_closed() || !local.add(&reply, sent, plan, now) {
                     // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
                     self.give_back(compiled, local, reply.granted).await;
                 }
@@ -412,7 +412,7 @@ impl Engine {
                 if local.has_expired(now) {
                     self.expire(compiled, local, now);
                 }
-                outstanding += local.available();
+                outstanding += local.available() + local.scheduled();
                 // Cooled: decided fewer than a sixteenth of the smallest batch per TTL (a key turns hot from about
                 // an eighth, see `hot_at`: the gap keeps a key near the threshold from going back and forth).
                 let ttl_ns = nanos(local.lease.ttl);
@@ -430,7 +430,7 @@ impl Engine {
             }
             compiled.leases.retain(|_, b| {
                 let idle = now.saturating_sub(b.last_used_ns.load(Ordering::Relaxed)) >= idle_ns;
-                let gone = idle && b.available() == 0 && !b.lease_in_flight();
+                let gone = idle && b.available() == 0 && b.scheduled() == 0 && !b.lease_in_flight();
                 if gone {
                     b.drain();
                     compiled.flush(b.unflushed());

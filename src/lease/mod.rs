@@ -8,4 +8,5 @@ pub(crate) mod bucket;
 pub(crate) mod engine;
 pub(crate) mod heat;
 pub(crate) mod nearby;
+pub(crate) mod schedule;
 pub(crate) mod shards;

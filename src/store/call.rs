@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::algorithm::fleet::Beat;
-use crate::algorithm::{ms, LeakyBucket, TokenBucket};
+use crate::algorithm::{ms, LeakyBucket, Pace, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
@@ -32,12 +32,14 @@ pub(crate) enum Op {
         ban_ms: u64,
     },
     /// `token_lease.lua`: take between `min` and `max` tokens, and the bucket's next turn (spaced by `batch`)
-    /// when the call leaves fewer than `min` behind (invariant 18).
+    /// when the call leaves fewer than `min` behind (invariant 18); a grant released by `pace` is pending in the
+    /// bucket until its last chunk.
     TokenLease {
         bucket: TokenBucket,
         min: u64,
         max: u64,
         batch: u64,
+        pace: Pace,
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
@@ -472,9 +474,10 @@ impl Call {
                 min,
                 max,
                 batch,
+                pace,
             } => {
                 let mut v = bucket(b).to_vec();
-                v.extend([int(*min), int(*max), int(*batch)]);
+                v.extend([int(*min), int(*max), int(*batch), int(pace.chunk), int(pace.chunk_ms)]);
                 v
             }
             Op::TokenReturn { bucket: b, tokens, id } => {

@@ -36,14 +36,14 @@ impl Setup {
         tokens.floor() as u64
     }
 
-    /// The fewest store calls per admitted token a leased key can cost under invariant 1, whatever the turns do:
-    /// a lease brings at most `max_batch` tokens, and a process spends at most its demand × `ttl` of them before
-    /// they go back, so `1 / min(max_batch, demand per process × ttl)`. `None` without a lease.
+    /// The fewest store calls per admitted token a leased key can cost, whatever the turns do: a lease brings
+    /// at most two `max_batch` (a turn that comes late takes what accumulated, up to two batches; a process too
+    /// slow to spend them within the TTL gets them paced), never more than the capacity, so
+    /// `1 / min(2 × max_batch, capacity)`. `None` without a lease.
     pub(crate) fn floor(&self) -> Option<f64> {
         let (_, max_batch) = self.lease?;
-        let per_process = self.demand_per_s as f64 / f64::from(self.processes.max(1));
-        let per_lease = (per_process * self.ttl.as_secs_f64()).min(max_batch as f64).max(1.0);
-        Some(1.0 / per_lease)
+        let per_lease = (2 * max_batch).min(self.capacity).max(1);
+        Some(1.0 / per_lease as f64)
     }
 }
 
@@ -206,7 +206,7 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
     );
     println!(
         "  calls per admitted   {:>10.4}   (from {STEADY_FROM_S} s on: {}; the lease's floor: {}, one lease per \
-         min(max_batch, demand per process × ttl) tokens)",
+         min(2 × max_batch, capacity) tokens)",
         d.calls_per_admitted,
         steady(d.steady_calls_per_admitted, 4),
         steady(setup.floor(), 4)

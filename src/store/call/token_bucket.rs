@@ -2,7 +2,7 @@
 //! `token_lease.lua`, `token_return.lua`, `token_acquire.lua`).
 
 use super::{Call, Op};
-use crate::algorithm::TokenBucket;
+use crate::algorithm::{Pace, TokenBucket};
 
 impl Call {
     /// `token_bucket.lua`: take between `min` and `max` tokens (the limiter leases with [`Call::lease`]).
@@ -42,8 +42,19 @@ impl Call {
                 min,
                 max,
                 batch,
+                pace: Pace::default(),
             },
         )
+    }
+
+    /// This lease (of [`Call::lease`]) released by `pace`: in chunks, the bucket keeping what is to be released
+    /// as pending. Other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn paced(mut self, pace: Pace) -> Self {
+        if let Op::TokenLease { pace: p, .. } = &mut self.op {
+            *p = pace;
+        }
+        self
     }
 
     /// `token_return.lua`: `tokens` back to the bucket, or a debit of `-tokens` when negative.

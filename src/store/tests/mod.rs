@@ -7,6 +7,7 @@ mod common;
 mod fleet;
 mod harness;
 mod latency;
+mod mirror;
 mod peek;
 mod queue;
 mod token_bucket;

@@ -3,15 +3,15 @@
 
 use super::common::RedisServer;
 use super::harness::{r, step, EveryStore, Step};
-use crate::algorithm::{Reply, TokenBucket, TokenBucketState};
-use crate::store::call::Arg;
+use crate::algorithm::paced::Pending;
+use crate::algorithm::{Pace, Reply, TokenBucket, TokenBucketState};
 use crate::store::{Call, Store};
 
 fn bucket((capacity, rate, per_ms): (u64, u64, u64)) -> TokenBucket {
     TokenBucket { capacity, rate, per_ms }
 }
 
-fn take(key: &str, params: (u64, u64, u64), min: u64, max: u64, now: u64) -> Call {
+pub(super) fn take(key: &str, params: (u64, u64, u64), min: u64, max: u64, now: u64) -> Call {
     Call::take(key, bucket(params), min, max).at(now)
 }
 
@@ -20,12 +20,26 @@ fn take_banned(key: &str, params: (u64, u64, u64), cost: u64, ban_ms: u64, now: 
     Call::take_or_ban(key, bucket(params), cost, ban_ms).at(now)
 }
 
-/// token_lease.lua: ARGV capacity, rate, per_ms, min, max, batch, now_ms.
+/// token_lease.lua: ARGV capacity, rate, per_ms, min, max, batch, chunk (0), chunk_ms (0), now_ms.
 fn lease(key: &str, params: (u64, u64, u64), (min, max, batch): (u64, u64, u64), now: u64) -> Call {
     Call::lease(key, bucket(params), (min, max), batch).at(now)
 }
 
-fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
+/// token_lease.lua paced: released in chunks of `chunk` tokens, one every `chunk_ms`.
+pub(super) fn paced(
+    key: &str,
+    params: (u64, u64, u64),
+    lease: (u64, u64, u64),
+    (chunk, chunk_ms): (u64, u64),
+    now: u64,
+) -> Call {
+    let pace = Pace { chunk, chunk_ms };
+    Call::lease(key, bucket(params), (lease.0, lease.1), lease.2)
+        .paced(pace)
+        .at(now)
+}
+
+pub(super) fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
 }
 
@@ -45,7 +59,7 @@ fn held_debit(key: &str, params: (u64, u64, u64), (tokens, hold_ms): (u64, u64),
     Call::debit(key, bucket(params), tokens, id, hold_ms).at(now)
 }
 
-fn acquire(key: &str, params: (u64, u64, u64), cost: u64, max_wait_ms: u64, now: u64) -> Call {
+pub(super) fn acquire(key: &str, params: (u64, u64, u64), cost: u64, max_wait_ms: u64, now: u64) -> Call {
     Call::acquire(key, bucket(params), cost, max_wait_ms).at(now)
 }
 
@@ -330,6 +344,43 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             ],
         ),
         (
+            "a paced grant is pending until its last chunk: the bucket and a give-back fill to capacity less it",
+            vec![
+                // 50 tokens in chunks of 10 every 100 ms: 50 pending at 0, falling to 0 at 500 ms.
+                (
+                    paced(&k("paced"), thousand_per_s, (1, 50, 50), (10, 100), 0),
+                    r(50, 50, 0, 50),
+                ),
+                // At 100 ms, 40 are pending: the bucket refilled to 100 − 40 = 60, not 100.
+                (take(&k("paced"), thousand_per_s, 1, 100, 100), r(60, 0, 0, 100)),
+                // At 200 ms, 30: 70.
+                (take(&k("paced"), thousand_per_s, 1, 100, 200), r(70, 0, 0, 100)),
+                // At 300 ms, 20: the top is 80. A take of 30 leaves 50; a give-back adds up to the top.
+                (take(&k("paced"), thousand_per_s, 1, 30, 300), r(30, 50, 0, 50)),
+                (give(&k("paced"), thousand_per_s, 100, 300), r(30, 80, 0, 20)),
+                // All released at 500 ms: the bucket is full again at 520 ms.
+                (take(&k("paced"), thousand_per_s, 100, 100, 520), r(100, 0, 0, 100)),
+                // One chunk is not paced: nothing pending, the bucket refills to full.
+                (
+                    paced(&k("paced"), thousand_per_s, (1, 10, 10), (10, 100), 620),
+                    r(10, 90, 0, 10),
+                ),
+                (take(&k("paced"), thousand_per_s, 100, 100, 630), r(100, 0, 0, 100)),
+                // Two paced grants: 30 over [730, 1030]; at 830, 20 of them pending, + 40 over [830, 1230]:
+                // one line, 60 at 830 falling to 0 at 1230.
+                (
+                    paced(&k("paced"), thousand_per_s, (1, 30, 30), (10, 100), 730),
+                    r(30, 70, 0, 30),
+                ),
+                (
+                    paced(&k("paced"), thousand_per_s, (1, 40, 40), (10, 100), 830),
+                    r(40, 40, 0, 60),
+                ),
+                // At 930, 45 pending: 55 of the 100 that the refill would bring.
+                (take(&k("paced"), thousand_per_s, 1, 100, 930), r(55, 0, 0, 100)),
+            ],
+        ),
+        (
             "a stock hands out no turn: what it has left is never refilled",
             vec![
                 (lease(&k("turn-stock"), (5, 0, 1_000), (1, 5, 5), 0), r(5, 0, 0, -1)),
@@ -354,7 +405,7 @@ async fn token_bucket_table_on_every_store() {
 }
 
 /// A connection of its own to the test's Redis, for reading hashes and running transactions.
-fn connect(server: &RedisServer) -> redis::Connection {
+pub(super) fn connect(server: &RedisServer) -> redis::Connection {
     redis::Client::open(server.url())
         .and_then(|c| c.get_connection())
         .expect("a connection")
@@ -363,10 +414,10 @@ fn connect(server: &RedisServer) -> redis::Connection {
 /// The bucket a real Redis holds under `key` (`None`: no key, or a full level, which a held bucket keeps in its
 /// hash): the hash's fields, read with `HMGET`. A field missing (a key written before the hash recorded its
 /// parameters) reads as 0.
-fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<TokenBucketState> {
+pub(super) fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<TokenBucketState> {
     let fields: Vec<Option<i64>> = redis::cmd("HMGET")
         .arg(key)
-        .arg(&["level", "ts", "per", "capacity", "rate"])
+        .arg(&["level", "ts", "per", "capacity", "rate", "pend", "pend_ts", "pend_end"])
         .query(con)
         .expect("HMGET");
     let uint = |i: usize| fields[i].and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
@@ -374,6 +425,11 @@ fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<TokenBucketSta
         level: fields[0]?,
         ts_ms: u64::try_from(fields[1]?).ok()?,
         bucket: bucket((uint(3), uint(4), uint(2))),
+        paced: Pending {
+            tokens: uint(5),
+            from_ms: uint(6),
+            until_ms: uint(7),
+        },
     };
     let full = i64::try_from(uint(3).saturating_mul(uint(2))).unwrap_or(i64::MAX);
     (state.level < full).then_some(state)
@@ -474,82 +530,6 @@ async fn redis_keys_expire_when_full_again_and_a_stock_keeps_its_key() {
     let stock = Call::take("tl:{x:stock}", bucket((5, 0, 1_000)), 1, 1);
     assert_eq!(store.run(&stock).await.expect("take").granted, 1);
     assert_eq!(server.cmd(&["PTTL", "tl:{x:stock}"]).expect("pttl").trim(), "-1");
-}
-
-/// Runs `call`'s script on Redis and removes its key's TTL in one transaction (Redis 7 freezes its clock for
-/// it, so the key cannot expire in between).
-fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(call.script().source()).arg(call.keys().len()).arg(call.keys());
-    for arg in call.args() {
-        match arg {
-            Arg::Int(v) => eval.arg(v),
-            Arg::Str(s) => eval.arg(s),
-        };
-    }
-    let (values,): (Vec<i64>,) = redis::pipe()
-        .atomic()
-        .add_command(eval)
-        .cmd("PERSIST")
-        .arg(&call.key)
-        .ignore()
-        .query(con)
-        .unwrap_or_else(|e| panic!("{call:?}: {e}"));
-    Reply::from_wire(values.try_into().expect("four integers"))
-}
-
-/// A pseudo-random sequence of takes, acquires, returns and debits on a few keys, each call with parameters drawn
-/// afresh (so nearly every call is a reload of its key), gives identical replies and stores identical buckets on
-/// both stores. Redis's TTLs run on real time while the calls run on `now_ms`, so the test plays them on `now_ms`
-/// instead: it removes each TTL as the call sets it and deletes a key once its bucket would be full again, as the
-/// TTL would have.
-#[tokio::test]
-async fn redis_and_memory_agree_on_a_random_sequence_with_reloads() {
-    let stores = EveryStore::start();
-    let (server, memory) = (&stores.server, &stores.memory);
-    let mut con = connect(server);
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    let params = [
-        (7, 3, 1_000),
-        (100, 1, 60_000),
-        (1, 1, 1),
-        (50, 0, 1_000),
-        (1000, 997, 3_001),
-        (10, 10, 1_000),
-    ];
-    let mut now = 1_700_000_000_000;
-    for i in 0..800 {
-        let (cap, rate, per) = params[usize::try_from(next(6)).expect("idx")];
-        let key = format!("tl:{{r:{}}}", next(3));
-        let params = (cap, rate, per);
-        now += next(2_000);
-        if redis_bucket(&mut con, &key).is_some_and(|s| s.full_at_ms().is_some_and(|t| t <= now)) {
-            redis::cmd("DEL").arg(&key).exec(&mut con).expect("DEL");
-        }
-        let call = match next(5) {
-            // Returns and debits alike: −10 to 9 tokens.
-            0 => give(&key, params, i64::try_from(next(20)).expect("n") - 10, now),
-            1 => acquire(&key, params, 1 + next(cap), next(5_000), now),
-            _ => {
-                let min = 1 + next(cap);
-                take(&key, params, min, min + next(5), now)
-            }
-        };
-        let a = run_persisting(&mut con, &call);
-        let b = memory.run(&call).await.expect("memory");
-        assert_eq!(a, b, "step {i}: {call:?}");
-        assert_eq!(
-            redis_bucket(&mut con, &key),
-            memory.token_bucket(&key),
-            "the stored bucket after step {i}: redis (left) and memory (right); {call:?}"
-        );
-    }
 }
 
 #[tokio::test]
