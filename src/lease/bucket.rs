@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::schedule::{paced_turn, Schedule};
+use super::schedule::{large_fleet, paced_turn, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
 use crate::algorithm::{Pace, Reply, TokenBucket};
 use crate::clock::{nanos, NEVER_NS};
@@ -57,23 +57,6 @@ struct Book {
     /// When the sweeper last measured the key's heat, and the decisions counted by then.
     heat_at_ns: u64,
     decisions_at_heat: u64,
-}
-
-/// What a lease will ask the shared bucket for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LeasePlan {
-    /// Grant nothing below this many tokens.
-    pub min: u64,
-    /// Grant at most this many tokens.
-    pub max: u64,
-    /// The batch: what a lease is sized for (`max` is twice it on a saturated bucket, so that a turn that comes
-    /// late takes what accumulated).
-    pub batch: u64,
-    /// What a turn on the saturated bucket should bring (at least the batch): the bucket spaces the turns it
-    /// hands this process by it (`token_lease.lua`).
-    pub turn: u64,
-    /// How the grant is released: paced in chunks when a turn brings more than the demand spends in the TTL.
-    pub pace: Pace,
 }
 
 /// One key's leased tokens in this process.
@@ -180,6 +163,16 @@ impl LocalBucket {
         self.tokens.total()
     }
 
+    /// The key's first call was handed a turn by the shared bucket (`Call::queued`): no lease before
+    /// `until_ns`, its callers refused locally meanwhile while their decisions measure the demand; the first
+    /// lease then waits no longer ([`Self::first_lease_wait`]).
+    pub(crate) fn queue(&self, until_ns: u64) {
+        let mut book = self.lock();
+        book.saturated = true;
+        self.measuring.store(false, Ordering::Release);
+        self.exhausted_until_ns.fetch_max(until_ns, Ordering::AcqRel);
+    }
+
     /// This new bucket was made hot because the fleet spends the shared bucket: its first lease may wait to
     /// measure the demand ([`Self::first_lease_wait`]).
     #[must_use]
@@ -200,12 +193,10 @@ impl LocalBucket {
         if !self.measuring.swap(false, Ordering::AcqRel) {
             return None;
         }
-        let half_ttl = u64::try_from(self.lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX);
-        // Spaced as `token_lease.lua` spaces the turns of leases of `min_batch`.
-        let guessed_turn_ns = u128::from(self.bucket.turn_spacing(self.lease.min_batch)) * 1_000_000;
-        if guessed_turn_ns * u128::from(processes) <= u128::from(half_ttl) {
+        if !large_fleet((&self.bucket, &self.lease), processes) {
             return None;
         }
+        let half_ttl = u64::try_from(self.lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX);
         let until = self.lock().last_lease_ns.saturating_add(half_ttl);
         if now_ns >= until {
             return None;
@@ -334,7 +325,12 @@ impl LocalBucket {
         };
         // Paced instead when a turn would bring more as chunks: the turn is then what the demand spends while the
         // burst refills, and nothing is left unspent within a chunk's TTL.
-        let paced = paced_turn((&self.bucket, lease), book.saturated, book.demand_per_s, spendable);
+        let paced = paced_turn(
+            (&self.bucket, lease),
+            book.saturated,
+            (book.demand_per_s, cost),
+            spendable,
+        );
         let (pace, turn, spendable) = match paced {
             Some((pace, paced)) => (pace, paced, u64::MAX),
             None => (Pace::default(), turn, spendable),
@@ -383,7 +379,7 @@ impl LocalBucket {
     /// Returns `false`, adding nothing, when the bucket is retired or the first chunk's deadline has already
     /// passed (a late reply): the caller gives the grant back.
     #[must_use = "a grant that is not added must be given back"]
-    pub(crate) fn add(&self, grant: &Reply, sent_ns: u64, plan: LeasePlan, now_ns: u64) -> bool {
+    pub(crate) fn add(&self, grant: &Reply, (sent_ns, failures): (u64, u64), plan: LeasePlan, now_ns: u64) -> bool {
         let ttl_ns = nanos(self.lease.ttl);
         let deadline_ns = sent_ns.saturating_add(ttl_ns);
         let mut book = self.lock();
@@ -391,7 +387,7 @@ impl LocalBucket {
             return false;
         }
         Self::attribute(&mut book, self.tokens.total());
-        let first = book.schedule.split(grant.granted, plan.pace, sent_ns);
+        let first = book.schedule.split(grant.granted, plan.pace, (sent_ns, failures));
         book.batches.push_back(Batch {
             tokens: first.tokens,
             deadline_ns,
@@ -420,6 +416,13 @@ impl LocalBucket {
         let turn = if turn_ns > 0 { now_ns.saturating_add(turn_ns) } else { 0 };
         let not_before = turn.max(book.schedule.last_ns().unwrap_or(0));
         self.exhausted_never.store(false, Ordering::Relaxed);
+        // A turn the key's first call was handed while this lease was in flight ([`Self::queue`]) stays.
+        let queued = self.exhausted_until_ns.load(Ordering::Acquire);
+        let not_before = if queued > now_ns {
+            not_before.max(queued)
+        } else {
+            not_before
+        };
         self.exhausted_until_ns.store(not_before, Ordering::Release);
         self.failing_until_ns.store(0, Ordering::Release);
         let reset_after_ns = u64::try_from(grant.reset_after_ms)
@@ -468,13 +471,15 @@ impl LocalBucket {
     }
 
     /// Releases the scheduled chunks that are due, then removes the tokens whose deadline has passed and
-    /// returns how many, to be given back.
+    /// returns how many, to be given back, with the chunks dropped because the store failed since their lease
+    /// was sent (`failures`, the store's failure count now: [`Schedule::since`]).
     ///
     /// Callers taking tokens meanwhile take the oldest first, so what is removed may include tokens of a live
     /// batch: those go back to the shared bucket too, never spent twice.
-    pub(crate) fn expire(&self, now_ns: u64) -> u64 {
+    pub(crate) fn expire(&self, now_ns: u64, failures: u64) -> u64 {
         let mut book = self.lock();
         Self::attribute(&mut book, self.tokens.total());
+        let dropped = book.schedule.since(failures);
         let ttl_ns = nanos(self.lease.ttl);
         let mut released = 0;
         for chunk in book.schedule.due(now_ns) {
@@ -498,7 +503,11 @@ impl LocalBucket {
         let expired = self.tokens.remove(current.saturating_sub(live));
         book.batches.retain(|b| b.deadline_ns > now_ns);
         self.publish_deadline(&book);
-        expired
+        if dropped > 0 {
+            // Its chunks waited for: the key goes to its lease, and to its fail mode while the store fails.
+            self.exhausted_until_ns.store(now_ns, Ordering::Release);
+        }
+        expired.saturating_add(dropped)
     }
 
     /// Retires the bucket for good without taking its tokens: no decision or lease uses it again.

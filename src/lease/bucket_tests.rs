@@ -35,28 +35,28 @@ fn grant(tokens: u64) -> Reply {
 fn expiry_gives_back_only_what_older_batches_left() {
     let b = local_bucket();
     let plan = b.plan(1000, 1, 0);
-    assert!(b.add(&grant(10), 0, plan, 0));
+    assert!(b.add(&grant(10), (0, 0), plan, 0));
     assert!(matches!(b.try_take(4, 10 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 6);
-    assert!(b.add(&grant(10), 100 * MS, plan, 100 * MS));
+    assert!(b.add(&grant(10), (100 * MS, 0), plan, 100 * MS));
     assert!(
-        !b.add(&grant(10), 0, plan, 250 * MS),
+        !b.add(&grant(10), (0, 0), plan, 250 * MS),
         "a reply after its deadline is not added"
     );
     // 16 left: 6 of the first batch, 10 of the second. At 200 ms the first batch's 6 expire.
-    assert_eq!(b.expire(200 * MS - 1), 0);
-    assert_eq!(b.expire(200 * MS), 6);
+    assert_eq!(b.expire(200 * MS - 1, 0), 0);
+    assert_eq!(b.expire(200 * MS, 0), 6);
     assert_eq!(b.available(), 10);
     assert!(matches!(b.try_take(3, 201 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 7);
-    assert_eq!(b.expire(300 * MS), 7);
+    assert_eq!(b.expire(300 * MS, 0), 7);
     assert_eq!(b.available(), 0);
     assert!(!b.has_expired(10_000 * MS), "nothing left to expire");
-    assert!(b.add(&grant(5), 10_000 * MS, plan, 10_000 * MS));
+    assert!(b.add(&grant(5), (10_000 * MS, 0), plan, 10_000 * MS));
     assert_eq!(b.drain(), 5);
     assert!(!b.claim_lease(), "a retired bucket starts no lease");
     assert!(
-        !b.add(&grant(10), 10_001 * MS, plan, 10_001 * MS),
+        !b.add(&grant(10), (10_001 * MS, 0), plan, 10_001 * MS),
         "nor takes a grant: it goes back"
     );
 }
@@ -118,7 +118,7 @@ fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     let b = slow_saturated();
     let sent = 100 * MS;
     let plan = b.plan(2, 1, sent);
-    assert!(b.add(&grant(35), sent, plan, sent + MS));
+    assert!(b.add(&grant(35), (sent, 0), plan, sent + MS));
     // The first chunk at once; the next at 200 ms, 300 ms and (the last 5) 400 ms.
     assert_eq!((b.available(), b.scheduled()), (10, 25));
     for t in 0..10 {
@@ -129,12 +129,12 @@ fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     assert!(!b.below_watermark(0, 150 * MS), "no lease while chunks are to come");
     assert!(!b.has_expired(200 * MS - 1));
     assert!(b.has_expired(200 * MS));
-    assert_eq!(b.expire(200 * MS), 0);
+    assert_eq!(b.expire(200 * MS, 0), 0);
     assert_eq!((b.available(), b.scheduled()), (10, 15));
     // Unspent, the chunk released at 200 ms goes back at 400 ms, when the last chunk comes.
-    assert_eq!(b.expire(400 * MS), 10);
+    assert_eq!(b.expire(400 * MS, 0), 10);
     assert_eq!((b.available(), b.scheduled()), (15, 0));
-    assert!(b.add(&grant(30), 400 * MS, plan, 401 * MS));
+    assert!(b.add(&grant(30), (400 * MS, 0), plan, 401 * MS));
     // Drained: what is left and what was still to come go back.
     assert_eq!(b.drain(), 15 + 30);
 }
@@ -173,4 +173,40 @@ fn a_first_lease_on_a_spent_bucket_waits_half_a_ttl_in_a_large_fleet_only() {
     assert!(matches!(spent.try_take(1, made + 2), Take::Exhausted { .. }));
     // Once only: the lease after the wait goes.
     assert_eq!(spent.first_lease_wait(1_000, until), None);
+}
+
+#[test]
+fn a_turn_handed_to_the_first_call_outlasts_a_lease_already_in_flight() {
+    let b = local_bucket();
+    let plan = b.plan(1000, 1, 0);
+    // The key's first call was handed a turn at 500 ms while a lease sent at 0 was in flight.
+    b.queue(500 * MS);
+    assert!(b.add(&grant(10), (0, 0), plan, MS));
+    for t in 0..10 {
+        assert!(matches!(b.try_take(1, (2 + t) * MS), Take::Taken { .. }));
+    }
+    // Spent: refused until the turn, and no lease before it.
+    assert_eq!(b.try_take(1, 100 * MS), Take::Exhausted { retry_ns: 400 * MS });
+    assert!(!b.below_watermark(0, 100 * MS));
+    assert_eq!(b.try_take(1, 500 * MS), Take::Empty);
+}
+
+#[test]
+fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
+    let b = slow_saturated();
+    let sent = 100 * MS;
+    let plan = b.plan(2, 1, sent);
+    // Sent when the store had failed 3 calls.
+    assert!(b.add(&grant(35), (sent, 3), plan, sent + MS));
+    assert_eq!(b.expire(150 * MS, 3), 0, "no failure since: nothing dropped");
+    assert_eq!(b.scheduled(), 25);
+    // A call failed since: the fleet may be selling from its local shares, which do not know these chunks.
+    // They go back, nothing more is released, and the key goes to its lease (its fail mode) when it runs out.
+    assert_eq!(b.expire(150 * MS, 4), 25);
+    assert_eq!((b.available(), b.scheduled()), (10, 0));
+    for t in 0..10 {
+        assert!(matches!(b.try_take(1, (151 + t) * MS), Take::Taken { .. }));
+    }
+    assert_eq!(b.try_take(1, 170 * MS), Take::Empty);
+    assert_eq!(b.expire(500 * MS, 4), 0, "nothing released later");
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::bucket::{LocalBucket, Take, NEVER_RECHECK};
+use super::schedule::{large_fleet, paced_size};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -85,6 +86,12 @@ fn hot_at(lease: &Lease) -> u64 {
     lease.hot_after.unwrap_or((lease.min_batch / 4).max(3))
 }
 
+/// How far below full a cold decision of `cost` tokens must leave the shared bucket for the key to be spent by
+/// other processes (and hot at once, [`Engine::heat_up`]): a smallest batch beyond the cost.
+fn drained(lease: &Lease, cost: u64) -> u64 {
+    cost.saturating_add(lease.min_batch)
+}
+
 /// A leased bucket's algorithm without its lease: what a cold key and the fail mode run in its stead.
 pub(crate) fn unleased(bucket: &TokenBucket) -> Algorithm {
     Algorithm::TokenBucket {
@@ -131,25 +138,64 @@ impl Engine {
     }
 
     /// Called after a cold decision of a leased rule's `key` that left the shared bucket `remaining` tokens: a
-    /// bucket at least a batch below full beyond this decision's `cost` is spent by other processes (the fleet
-    /// leases it), so the key is hot at once, not after `hot_after` store calls (the warm-up of a fleet of a
-    /// thousand would otherwise cost three calls per process).
+    /// bucket at least a batch below full beyond this decision's `cost` ([`drained`]) is spent by other processes
+    /// (the fleet leases it), so the key is hot at once, not after `hot_after` store calls (the warm-up of a fleet
+    /// of a thousand would otherwise cost three calls per process). `turn` is the wait for the turn the call was
+    /// handed ([`Engine::cold_call`]), if any: the key leases then, not before.
     pub(crate) fn heat_up(
         &self,
         compiled: &Compiled,
         (bucket, lease): (&TokenBucket, &Lease),
         key: &str,
-        cost: u64,
-        remaining: u64,
+        (cost, remaining): (u64, u64),
+        turn: Option<Duration>,
     ) {
-        let drained = remaining.saturating_add(cost).saturating_add(lease.min_batch) <= bucket.capacity;
-        let Some(heat) = compiled.heat.get().filter(|_| drained) else {
+        let spent = remaining.saturating_add(drained(lease, cost)) <= bucket.capacity;
+        let Some(heat) = compiled.heat.get().filter(|_| spent) else {
             return;
         };
         heat.raise(compiled.hash(key), hot_at(lease));
-        // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
-        // ([`LocalBucket::first_lease_wait`]).
-        self.insert_local(compiled, (bucket, lease), key, LocalBucket::measuring);
+        match turn {
+            // Queued by its first call: it leases at its turn, its demand measured until then (a bucket that a
+            // concurrent decision made meanwhile waits for the turn too: a turn handed out and not taken would
+            // leave its refill to pile up).
+            Some(wait) => {
+                let until = self.clock.now_ns().saturating_add(nanos(wait));
+                self.insert_local(compiled, (bucket, lease), key, |made| made)
+                    .queue(until);
+            }
+            // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
+            // ([`LocalBucket::first_lease_wait`]).
+            None => {
+                self.insert_local(compiled, (bucket, lease), key, LocalBucket::measuring);
+            }
+        }
+    }
+
+    /// The store call deciding a cold `key` of a leased rule (`store_key` in the store), `heat` its count of
+    /// recent decisions here ([`Engine::check_hot`]): on its first (heat 1) in a large fleet ([`large_fleet`]), a
+    /// lease of exactly the cost that is handed a turn when it leaves the bucket spent by the others ([`drained`];
+    /// the turns spaced for a paced turn, [`paced_size`]), so the process is queued by its first call instead of
+    /// a second one; else one take, as without a lease (decisions made while the first is in flight take no turn:
+    /// one per process). The fleet's count is the roster's: the rule's first decision waits for its first beat,
+    /// as its first lease would.
+    pub(crate) async fn cold_call(
+        &self,
+        compiled: &Compiled,
+        (bucket, lease): (&TokenBucket, &Lease),
+        (store_key, heat): (&str, u64),
+        cost: u64,
+    ) -> Call {
+        if heat != 1 || bucket.rate == 0 {
+            return Call::check(&unleased(bucket), store_key, cost, 1, &self.members);
+        }
+        // Not answered: counted as `expected_processes`; a `local` rule's call then fails (the fallback's run).
+        let _ = self.fallback.fleet.join(&compiled.rule.name, &unleased(bucket)).await;
+        let processes = self.fallback.processes(&compiled.rule.name);
+        if !large_fleet((bucket, lease), processes) {
+            return Call::check(&unleased(bucket), store_key, cost, 1, &self.members);
+        }
+        Call::lease(store_key, *bucket, (cost, cost), paced_size((bucket, lease))).queued(drained(lease, cost))
     }
 
     /// `key`'s local bucket: the one in the map, else a new one, made by `made` from an empty bucket.
@@ -167,32 +213,33 @@ impl Engine {
             .clone()
     }
 
-    /// The key's local bucket: the one in the map, else a new one when the key is hot (see [`hot_at`]), else
-    /// `None`: the key is decided by one store call.
+    /// The key's local bucket: the one in the map, else a new one when the key is hot (see [`hot_at`]); else
+    /// `Err` with the key's heat (1 on its first decision here): it is decided by one store call.
     fn local_bucket(
         &self,
         compiled: &Compiled,
         bucket: &TokenBucket,
         lease: &Lease,
         key: &str,
-    ) -> Option<Arc<LocalBucket>> {
+    ) -> Result<Arc<LocalBucket>, u64> {
         if let Some(b) = compiled.leases.get(key) {
-            return Some(b.clone());
+            return Ok(b.clone());
         }
         let now = self.clock.now_ns();
         let period = compiled.rule.lease().unwrap_or(lease).ttl;
         let heat = compiled.heat.get_or_init(|| super::heat::Heat::new(nanos(period), now));
-        if heat.observe(compiled.hash(key), now) < hot_at(lease) {
-            return None;
+        let seen = heat.observe(compiled.hash(key), now);
+        if seen < hot_at(lease) {
+            return Err(seen);
         }
-        Some(self.insert_local(compiled, (bucket, lease), key, |made| made))
+        Ok(self.insert_local(compiled, (bucket, lease), key, |made| made))
     }
 
     /// Decides `cost` tokens of a leased rule's hot `key`: from the local bucket, or after the key's lease in
     /// flight (started here when none is), or by the fail mode when the lease fails. A caller waits at most the
     /// lease wait; when leases keep arriving but other callers spend them first, it is refused briefly, locally.
     /// Returns the decision and whether the key's shards counted it already (else the caller records it);
-    /// `None` when the key is not hot: decide it by one store call.
+    /// `Err` with the key's heat when it is not hot: decide it by one store call ([`Engine::cold_call`]).
     pub(crate) async fn check_hot(
         self: &Arc<Self>,
         compiled: &Arc<Compiled>,
@@ -200,7 +247,7 @@ impl Engine {
         lease: &Lease,
         key: &str,
         cost: u64,
-    ) -> Option<(Decision, bool)> {
+    ) -> Result<(Decision, bool), u64> {
         let clock = &self.clock;
         let timeouts = self.store.timeouts;
         let give_up_at = clock.now_ns().saturating_add(nanos(timeouts.lease_wait));
@@ -209,11 +256,11 @@ impl Engine {
             if local.is_retired() {
                 // Evicted, cooled or reloaded under us: go on with the key's current bucket, if it has one.
                 if self.background.is_closed() {
-                    return Some((refused_briefly(&local, clock.now_ns()), false));
+                    return Ok((refused_briefly(&local, clock.now_ns()), false));
                 }
                 local = match compiled.leases.get(key) {
                     Some(b) if !b.is_retired() => b.clone(),
-                    _ => return None,
+                    _ => return Err(0),
                 };
             }
             let now = clock.now_ns();
@@ -221,14 +268,14 @@ impl Engine {
                 self.expire(compiled, &local, now);
             }
             if let Some(decision) = self.answer_locally(compiled, &local, cost, now).map(Answer::decision) {
-                return Some((decision, true));
+                return Ok((decision, true));
             }
             if local.is_failing(now) {
-                return Some((self.fall_back(compiled, bucket, &local, cost), false));
+                return Ok((self.fall_back(compiled, bucket, &local, cost), false));
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
-                return Some((refused_briefly(&local, now), false));
+                return Ok((refused_briefly(&local, now), false));
             }
             local.mark_starved();
             let notified = local.notify.notified();
@@ -239,7 +286,7 @@ impl Engine {
             }
             if !local.lease_in_flight() && !self.start_lease(compiled, &local, cost) {
                 if self.background.is_closed() {
-                    return Some((Decision::bare(false, Duration::ZERO, Source::Local), false));
+                    return Ok((Decision::bare(false, Duration::ZERO, Source::Local), false));
                 }
                 continue;
             }
@@ -247,7 +294,7 @@ impl Engine {
             if tokio::time::timeout(wait, notified).await.is_err() {
                 // The lease is slow, not failed (invariant 13): refuse this caller briefly, locally; the key
                 // goes to fail_mode only if the lease itself fails or times out.
-                return Some((refused_briefly(&local, clock.now_ns()), false));
+                return Ok((refused_briefly(&local, clock.now_ns()), false));
             }
         }
     }
@@ -295,6 +342,7 @@ impl Engine {
             return;
         }
         let sent = clock.now_ns();
+        let failures = self.store.failures();
         // At most this process's share of the burst at once, so the others get theirs.
         let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
         let plan = local.plan(fair_share, cost, sent);
@@ -329,7 +377,7 @@ impl Engine {
                 m.leased_tokens.increment(reply.granted);
                 self.leased_tokens.fetch_add(reply.granted, Ordering::Relaxed);
                 // The deadlines count from when the lease was sent: never later than the grant.
-                if self.background.is_closed() || !local.add(&reply, sent, plan, now) {
+                if self.background.is_closed() || !local.add(&reply, (sent, failures), plan, now) {
                     // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
                     self.give_back(compiled, local, reply.granted).await;
                 }
@@ -348,7 +396,7 @@ impl Engine {
 
     /// Expires the key's overdue tokens and gives them back in the background.
     fn expire(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, now: u64) {
-        let n = local.expire(now);
+        let n = local.expire(now, self.store.failures());
         if n > 0 {
             let this = self.clone();
             let (compiled, local) = (compiled.clone(), local.clone());

@@ -1,4 +1,5 @@
-//! A paced lease's chunks not yet released: the [`Schedule`] of one key's local bucket.
+//! What a lease asks for ([`LeasePlan`]) and, paced, when its tokens come: a paced lease's chunks not yet released,
+//! the [`Schedule`] of one key's local bucket.
 //!
 //! A paced lease (`lua/token_lease.lua`, [`crate::algorithm::Pace`]) is granted `n` tokens at once but
 //! releases them to the key's callers in chunks of `chunk` tokens, one every `chunk_ms` from when the lease was
@@ -8,13 +9,35 @@
 
 use std::collections::VecDeque;
 
-use crate::algorithm::{Pace, TokenBucket};
+use crate::algorithm::{Pace, TokenBucket, MAX_EXACT};
 use crate::rule::Lease;
 
-/// Chunks released at a time, oldest first.
+/// What a lease will ask the shared bucket for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeasePlan {
+    /// Grant nothing below this many tokens.
+    pub min: u64,
+    /// Grant at most this many tokens.
+    pub max: u64,
+    /// The batch: what a lease is sized for (`max` is twice it on a saturated bucket, so that a turn that comes
+    /// late takes what accumulated).
+    pub batch: u64,
+    /// What a turn on the saturated bucket should bring (at least the batch): the bucket spaces the turns it
+    /// hands this process by it (`token_lease.lua`).
+    pub turn: u64,
+    /// How the grant is released: paced in chunks when a turn brings more than the demand spends in the TTL.
+    pub pace: Pace,
+}
+
+/// Chunks released at a time, oldest first, and the store's failure count when their lease was sent.
+///
+/// A store failure seen since drops the chunks not released yet ([`Schedule::since`]): while the store fails,
+/// the fleet sells from its `fail_mode = "local"` shares, which know the bucket's level but not its pending
+/// tokens, so chunks released on top of them could exceed the bound (invariant 12).
 #[derive(Debug, Default)]
 pub(crate) struct Schedule {
     chunks: VecDeque<Chunk>,
+    failures: u64,
 }
 
 /// Tokens released at a time.
@@ -30,7 +53,8 @@ impl Schedule {
     /// last one the rest), the i-th released at `sent_ns + i × chunk_ms`. Returns the first chunk (released
     /// at `sent_ns`, what is spendable at once) and schedules the others. A grant that is not paced, or fits in
     /// one chunk, is one chunk.
-    pub(crate) fn split(&mut self, granted: u64, pace: Pace, sent_ns: u64) -> Chunk {
+    pub(crate) fn split(&mut self, granted: u64, pace: Pace, (sent_ns, failures): (u64, u64)) -> Chunk {
+        self.failures = failures;
         let first = Chunk {
             at_ns: sent_ns,
             tokens: granted,
@@ -50,6 +74,16 @@ impl Schedule {
         Chunk {
             tokens: pace.chunk,
             ..first
+        }
+    }
+
+    /// Drops the chunks not released yet when the store failed since their lease was sent (`failures`, the
+    /// store's failure count now, above the one then) and returns their tokens, to be given back; 0 otherwise.
+    pub(crate) fn since(&mut self, failures: u64) -> u64 {
+        if failures > self.failures {
+            self.clear()
+        } else {
+            0
         }
     }
 
@@ -96,26 +130,53 @@ impl Schedule {
 pub(crate) fn paced_turn(
     (bucket, lease): (&TokenBucket, &Lease),
     saturated: bool,
-    demand_per_s: u64,
+    (demand_per_s, cost): (u64, u64),
     spendable: u64,
 ) -> Option<(Pace, u64)> {
     if !saturated || demand_per_s == 0 || bucket.rate == 0 {
         return None;
     }
-    let turn = u128::from(bucket.rate) * lease.ttl.as_millis() / u128::from(bucket.per_ms);
-    let turn = u64::try_from(turn)
-        .unwrap_or(u64::MAX)
-        .clamp(lease.min_batch, lease.max_batch);
-    if turn <= spendable {
+    let half_ttl_ms = u64::try_from(lease.ttl.as_millis() / 2).unwrap_or(u64::MAX).max(1);
+    // A chunk holds at least the caller's cost (the demand counts decisions, not tokens).
+    let chunk = u128::from(demand_per_s) * u128::from(half_ttl_ms) / 1_000;
+    let chunk = u64::try_from(chunk).unwrap_or(u64::MAX).max(cost).max(1);
+    // At most MAX_CHUNKS chunks: a slow demand is not paced over minutes.
+    let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(MAX_CHUNKS));
+    if turn <= spendable || turn <= chunk {
         return None;
     }
-    let half_ttl_ms = u64::try_from(lease.ttl.as_millis() / 2).unwrap_or(u64::MAX).max(1);
-    let chunk = u128::from(demand_per_s) * u128::from(half_ttl_ms) / 1_000;
+    // A grant of up to two turns, pending over its chunks: the scripts' line stays exact in Lua's doubles.
+    let span_ms = (2 * MAX_CHUNKS + 1).saturating_mul(half_ttl_ms);
+    if bucket.capacity.saturating_mul(span_ms) >= MAX_EXACT {
+        return None;
+    }
     let pace = Pace {
-        chunk: u64::try_from(chunk).unwrap_or(u64::MAX).max(1),
+        chunk,
         chunk_ms: half_ttl_ms,
     };
     Some((pace, turn))
+}
+
+/// The most chunks a paced turn is released in (two turns, when a turn comes late: twice as many): 20 half TTLs,
+/// 2 s with the shipped TTL.
+const MAX_CHUNKS: u64 = 20;
+
+/// What a paced turn brings: the bucket's refill in one lease TTL (`rate × ttl`, tokens), within the batch bounds.
+pub(crate) fn paced_size((bucket, lease): (&TokenBucket, &Lease)) -> u64 {
+    let turn = u128::from(bucket.rate) * lease.ttl.as_millis() / u128::from(bucket.per_ms.max(1));
+    u64::try_from(turn)
+        .unwrap_or(u64::MAX)
+        .clamp(lease.min_batch, lease.max_batch)
+}
+
+/// Whether `processes` form a large fleet for this key: their first turns, spaced as `token_lease.lua` spaces
+/// leases of `min_batch`, would take longer than half a TTL to go round. A large fleet's first leases wait to
+/// measure the demand ([`super::bucket::LocalBucket::first_lease_wait`]), and its processes' first calls of a key
+/// take a turn ([`crate::store::Call::queued`]); a small one's go round within that wait anyway.
+pub(crate) fn large_fleet((bucket, lease): (&TokenBucket, &Lease), processes: u64) -> bool {
+    let half_ttl_ns = lease.ttl.as_nanos() / 2;
+    let guessed_turn_ns = u128::from(bucket.turn_spacing(lease.min_batch)) * 1_000_000;
+    guessed_turn_ns * u128::from(processes) > half_ttl_ns
 }
 
 #[cfg(test)]
@@ -131,7 +192,7 @@ mod tests {
             chunk: 20,
             chunk_ms: 100,
         };
-        let first = s.split(70, pace, 1_000 * MS);
+        let first = s.split(70, pace, (1_000 * MS, 0));
         assert_eq!(
             first,
             Chunk {
@@ -157,8 +218,37 @@ mod tests {
                 }
             ]
         );
-        assert_eq!(s.clear(), 10);
+        assert_eq!(s.since(0), 0, "no failure since the lease was sent");
+        assert_eq!(s.tokens(), 10);
+        assert_eq!(s.since(1), 10, "a failure since: what is left goes back");
         assert_eq!(s.next_ns(), None);
+    }
+
+    #[test]
+    fn a_slow_demand_on_a_saturated_bucket_is_paced_in_chunks_of_at_least_its_cost() {
+        let bucket = TokenBucket {
+            capacity: 2_000,
+            rate: 1_000,
+            per_ms: 1_000,
+        };
+        let lease = Lease {
+            min_batch: 10,
+            max_batch: 500,
+            ttl: std::time::Duration::from_millis(200),
+            hot_after: None,
+        };
+        let paced = |saturated, demand, spendable| paced_turn((&bucket, &lease), saturated, demand, spendable);
+        let every_100_ms = |chunk| Pace { chunk, chunk_ms: 100 };
+        // 100 decisions a second: chunks of 10 every 100 ms, a turn of 200 (what the bucket refills in a TTL).
+        assert_eq!(paced(true, (100, 1), 18), Some((every_100_ms(10), 200)));
+        // Decisions of 20 tokens each: chunks of 20, or none would ever be admitted.
+        assert_eq!(paced(true, (100, 20), 18), Some((every_100_ms(20), 200)));
+        // 10 a second: a turn of 20 chunks, not 200 chunks over 20 s.
+        assert_eq!(paced(true, (10, 1), 1), Some((every_100_ms(1), 20)));
+        // Not saturated, no demand seen, or a TTL's spending is a turn already: not paced.
+        assert_eq!(paced(false, (100, 1), 18), None);
+        assert_eq!(paced(true, (0, 1), 0), None);
+        assert_eq!(paced(true, (2_500, 1), 450), None);
     }
 
     #[test]
@@ -175,7 +265,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                s.split(granted, pace, 5),
+                s.split(granted, pace, (5, 0)),
                 Chunk {
                     at_ns: 5,
                     tokens: granted

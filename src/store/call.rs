@@ -16,8 +16,10 @@ pub(crate) use window_charge::ChargedWindow;
 
 mod arg;
 mod fleet;
+mod mark;
 mod members;
 mod token_bucket;
+pub(crate) use mark::{debit_mark_ms, GIVE_BACK_MARK_MS};
 mod window_charge;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
@@ -40,6 +42,9 @@ pub(crate) enum Op {
         max: u64,
         batch: u64,
         pace: Pace,
+        /// Hand a turn too when the call leaves the bucket at least this many tokens below full (0: only when it
+        /// leaves fewer than `min`).
+        drained: u64,
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
@@ -117,25 +122,6 @@ pub(crate) enum Op {
         /// `(age_ms, tokens)`: tokens admitted `age_ms` before the call runs, on the store's clock.
         admitted: Vec<(u64, u64)>,
     },
-}
-
-/// How long the mark of a give-back is remembered (`token_return.lua` sets it with this PX, ms): longer than the
-/// retries of one call.
-pub(crate) const GIVE_BACK_MARK_MS: u64 = 10_000;
-
-/// How long the mark of a debit of `tokens` to `bucket` is remembered (`token_return.lua` sets it with this PX,
-/// ms): a debit sent again later than this after it was applied would be applied again. Ten minutes, or four
-/// refills from empty and twice the debit's refill where that is longer: a presumed debit
-/// (`fallback/presumed_mode.rs`) is sent by every process for up to two refills and its own after it heard of it.
-pub(crate) fn debit_mark_ms(bucket: TokenBucket, tokens: u64) -> u64 {
-    const MIN: u64 = 600_000;
-    if bucket.rate == 0 {
-        return MIN;
-    }
-    let units = (bucket.capacity.saturating_mul(4))
-        .saturating_add(tokens.saturating_mul(2))
-        .saturating_mul(bucket.per_ms);
-    units.div_ceil(bucket.rate).max(MIN)
 }
 
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
@@ -475,9 +461,17 @@ impl Call {
                 max,
                 batch,
                 pace,
+                drained,
             } => {
                 let mut v = bucket(b).to_vec();
-                v.extend([int(*min), int(*max), int(*batch), int(pace.chunk), int(pace.chunk_ms)]);
+                v.extend([
+                    int(*min),
+                    int(*max),
+                    int(*batch),
+                    int(pace.chunk),
+                    int(pace.chunk_ms),
+                    int(*drained),
+                ]);
                 v
             }
             Op::TokenReturn { bucket: b, tokens, id } => {
