@@ -99,8 +99,10 @@ impl Engine {
                 // queued for a turn by it in a large fleet.
                 Err(heat) => {
                     let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
-                    let call = self
-                        .cold_call(compiled, (bucket, lease), (&store_key, heat), cost)
+                    // While a first call that queues the process is in flight, the key does not turn hot from
+                    // other decisions (their lease would take a second turn): `_probing` until it is answered.
+                    let (call, _probing) = self
+                        .cold_call(compiled, (bucket, lease), (&store_key, key, heat), cost)
                         .await;
                     let queued = matches!(call.op, Op::TokenLease { .. });
                     let mut decision = self

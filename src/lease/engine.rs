@@ -92,6 +92,26 @@ fn drained(lease: &Lease, cost: u64) -> u64 {
     cost.saturating_add(lease.min_batch)
 }
 
+/// A key's first call in flight (`Compiled::queuing`), until dropped: however the decision ends, a caller that
+/// dropped its future included.
+pub(crate) struct Probing<'a> {
+    compiled: &'a Compiled,
+    key: &'a str,
+}
+
+impl<'a> Probing<'a> {
+    fn start(compiled: &'a Compiled, key: &'a str) -> Self {
+        compiled.queuing.insert(key.to_owned(), ());
+        Self { compiled, key }
+    }
+}
+
+impl Drop for Probing<'_> {
+    fn drop(&mut self) {
+        self.compiled.queuing.remove(self.key);
+    }
+}
+
 /// A leased bucket's algorithm without its lease: what a cold key and the fail mode run in its stead.
 pub(crate) fn unleased(bucket: &TokenBucket) -> Algorithm {
     Algorithm::TokenBucket {
@@ -174,28 +194,35 @@ impl Engine {
 
     /// The store call deciding a cold `key` of a leased rule (`store_key` in the store), `heat` its count of
     /// recent decisions here ([`Engine::check_hot`]): on its first (heat 1) in a large fleet ([`large_fleet`]), a
-    /// lease of exactly the cost that is handed a turn when it leaves the bucket spent by the others ([`drained`];
+    /// lease of exactly the cost that is handed a turn when it leaves the bucket spent by the others (more than
+    /// this process's share of the burst below full, and at least [`drained`];
     /// the turns spaced for a paced turn, [`paced_size`]), so the process is queued by its first call instead of
     /// a second one; else one take, as without a lease (decisions made while the first is in flight take no turn:
     /// one per process). The fleet's count is the roster's: the rule's first decision waits for its first beat,
     /// as its first lease would.
-    pub(crate) async fn cold_call(
+    pub(crate) async fn cold_call<'a>(
         &self,
-        compiled: &Compiled,
+        compiled: &'a Compiled,
         (bucket, lease): (&TokenBucket, &Lease),
-        (store_key, heat): (&str, u64),
+        (store_key, key, heat): (&str, &'a str, u64),
         cost: u64,
-    ) -> Call {
+    ) -> (Call, Option<Probing<'a>>) {
+        let plain = || Call::check(&unleased(bucket), store_key, cost, 1, &self.members);
         if heat != 1 || bucket.rate == 0 {
-            return Call::check(&unleased(bucket), store_key, cost, 1, &self.members);
+            return (plain(), None);
         }
         // Not answered: counted as `expected_processes`; a `local` rule's call then fails (the fallback's run).
         let _ = self.fallback.fleet.join(&compiled.rule.name, &unleased(bucket)).await;
         let processes = self.fallback.processes(&compiled.rule.name);
-        if !large_fleet((bucket, lease), processes) {
-            return Call::check(&unleased(bucket), store_key, cost, 1, &self.members);
+        // Spent by the others: more than this process's share of the burst gone (and a smallest batch at least, as
+        // `heat_up` tests): a process's own lease in flight beside this call spends no more than its share.
+        let others = cost.saturating_add((bucket.capacity / processes.max(1)).max(lease.min_batch));
+        // Hot already (a lease of its own made meanwhile has its turn): one turn per process.
+        if !large_fleet((bucket, lease), processes) || others > bucket.capacity || compiled.leases.contains_key(key) {
+            return (plain(), None);
         }
-        Call::lease(store_key, *bucket, (cost, cost), paced_size((bucket, lease))).queued(drained(lease, cost))
+        let call = Call::lease(store_key, *bucket, (cost, cost), paced_size((bucket, lease))).queued(others);
+        (call, Some(Probing::start(compiled, key)))
     }
 
     /// `key`'s local bucket: the one in the map, else a new one, made by `made` from an empty bucket.
@@ -229,7 +256,7 @@ impl Engine {
         let period = compiled.rule.lease().unwrap_or(lease).ttl;
         let heat = compiled.heat.get_or_init(|| super::heat::Heat::new(nanos(period), now));
         let seen = heat.observe(compiled.hash(key), now);
-        if seen < hot_at(lease) {
+        if seen < hot_at(lease) || compiled.queuing.contains_key(key) {
             return Err(seen);
         }
         Ok(self.insert_local(compiled, (bucket, lease), key, |made| made))
