@@ -12,11 +12,7 @@
 --                     of this many tokens,
 -- ARGV[8]  chunk_ms   integer ≥ 0: one every this many ms from when it was sent, each spent within the lease TTL of
 --                     its release (invariant 1)
--- ARGV[9]  drained    tokens, integer ≥ 0: a call that leaves the bucket at least this many below its capacity is
---                     handed a turn too (0: only one that leaves fewer than `min`). A process's first call of a key in
---                     a large fleet passes it: a bucket that far below full is spent by the others, and the turn
---                     queues the process without a second call
--- ARGV[10] now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
+-- ARGV[9]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         tokens granted: 0, or between min and max
@@ -27,8 +23,7 @@
 --
 -- It takes as token_bucket.lua does (the same bucket, refill, reloads, expiry and hold: a held bucket refuses with
 -- retry_after_ms = the hold's rest, handing out no turn). A call that leaves fewer than
--- `min` tokens behind (the same call again would be refused), or with `drained` > 0 leaves the bucket at least
--- `drained` tokens below its capacity, is handed the bucket's next turn:
+-- `min` tokens behind (the same call again would be refused) is handed the bucket's next turn:
 -- turn = max(turn, now) + spacing, spacing = ceil(3 × ceil(batch × per_ms / rate) / 5) ms (three fifths of the
 -- refill of a batch, at least 1; batch capped at capacity), and retry_after_ms is the wait for it. So the processes
 -- of a saturated key call one after another, a turn's refill apart, however many they are. The turn lives in the
@@ -135,13 +130,12 @@ local per = tonumber(ARGV[3])
 local min = tonumber(ARGV[4])
 local max = tonumber(ARGV[5])
 local batch = tonumber(ARGV[6])
-local chunk, chunk_ms, drained = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-if not (capacity and rate and per and min and max and batch and chunk and chunk_ms and drained) or capacity < 1
-    or rate < 0 or per < 1 or min < 1 or max < min or batch < 0 or chunk < 0 or chunk_ms < 0 or drained < 0 then
-  return redis.error_reply(
-    'ERR token_lease: bad arguments (capacity, rate, per_ms, min, max, batch, chunk, chunk_ms, drained)')
+local chunk, chunk_ms = tonumber(ARGV[7]), tonumber(ARGV[8])
+if not (capacity and rate and per and min and max and batch and chunk and chunk_ms) or capacity < 1 or rate < 0
+    or per < 1 or min < 1 or max < min or batch < 0 or chunk < 0 or chunk_ms < 0 then
+  return redis.error_reply('ERR token_lease: bad arguments (capacity, rate, per_ms, min, max, batch, chunk, chunk_ms)')
 end
-local now_arg = 10
+local now_arg = 9
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
   local t = redis.call('TIME')
@@ -178,11 +172,9 @@ else
   retry_after = cdiv(min * per - level, rate)
 end
 
--- The caller drained the bucket (the same call again would be refused), or left it `drained` below full: it is
--- handed the next turn.
+-- The caller drained the bucket (the same call again would be refused): it is handed the next turn.
 local turn = nil
-local spent = whole(level) < min or (drained > 0 and whole(level) + drained <= capacity)
-if rate > 0 and batch > 0 and retry_after ~= -1 and spent then
+if rate > 0 and batch > 0 and retry_after ~= -1 and whole(level) < min then
   local b = batch
   if b > capacity then b = capacity end
   turn = tonumber(redis.call('HGET', KEYS[1], 'turn') or '0') or 0

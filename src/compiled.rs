@@ -97,9 +97,6 @@ pub(crate) struct Compiled {
     pub(crate) metrics: RuleMetrics,
     /// Leased tokens per hot key (rules with a lease only).
     pub(crate) leases: KeyMap<Arc<LocalBucket>>,
-    /// Keys whose first call, queued for a turn (`Engine::cold_call`), is in flight: they turn hot from its
-    /// answer, not from decisions made meanwhile, whose leases would be handed a second turn.
-    pub(crate) queuing: KeyMap<()>,
     /// Recent decisions of the keys that do not lease, to find the hot ones (made on the first).
     pub(crate) heat: OnceLock<Heat>,
     /// The hasher of keys for [`Compiled::heat`].
@@ -145,7 +142,6 @@ impl Compiled {
             fail_mode,
             metrics: RuleMetrics::new(&rule.name, series),
             leases: KeyMap::default(),
-            queuing: KeyMap::default(),
             queues: KeyMap::default(),
             waiting: AtomicI64::new(0),
             rule,

@@ -19,7 +19,7 @@ use crate::lease::bucket::LocalBucket;
 use crate::lease::engine::{unleased, Engine};
 use crate::lease::nearby;
 use crate::rule::{self, Algorithm};
-use crate::store::call::{store_key, Call, Op};
+use crate::store::call::{store_key, Call};
 
 impl Engine {
     /// Decides `cost` tokens of `key` under `compiled` now when that needs no wait: checks the call (see
@@ -93,28 +93,13 @@ impl Engine {
                 ..
             } => match self.check_hot(compiled, bucket, lease, key, cost).await {
                 // A hot key: decided from its leased tokens (and counted by its shards), or by the fail mode.
-                Ok((decision, true)) => return Ok(compiled.shadowed(decision)),
-                Ok((decision, false)) => decision,
-                // A cold one: one store call, as without a lease; hot at once if the fleet spends its bucket, and
-                // queued for a turn by it in a large fleet.
-                Err(heat) => {
-                    let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
-                    // While a first call that queues the process is in flight, the key does not turn hot from
-                    // other decisions (their lease would take a second turn): `_probing` until it is answered.
-                    let (call, _probing) = self
-                        .cold_call(compiled, (bucket, lease), (&store_key, key, heat), cost)
-                        .await;
-                    let queued = matches!(call.op, Op::TokenLease { .. });
-                    let mut decision = self
-                        .run_check(compiled, &unleased(bucket), (&store_key, &call), cost)
-                        .await;
+                Some((decision, true)) => return Ok(compiled.shadowed(decision)),
+                Some((decision, false)) => decision,
+                // A cold one: one store call, as without a lease; hot at once if the fleet spends its bucket.
+                None => {
+                    let decision = self.check_store(compiled, &unleased(bucket), key, cost).await;
                     if decision.source != Source::Fallback {
-                        let turn = (queued && !decision.retry_after.is_zero()).then_some(decision.retry_after);
-                        self.heat_up(compiled, (bucket, lease), key, (cost, decision.remaining), turn);
-                        if decision.allowed {
-                            // Its turn is the process's to wait for, not the caller's.
-                            decision.retry_after = Duration::ZERO;
-                        }
+                        self.heat_up(compiled, (bucket, lease), key, cost, decision.remaining);
                     }
                     decision
                 }
@@ -129,29 +114,17 @@ impl Engine {
     async fn check_store(&self, compiled: &Compiled, algorithm: &Algorithm, key: &str, cost: u64) -> Decision {
         let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
         let call = Call::check(algorithm, &store_key, cost, 1, &self.members);
-        self.run_check(compiled, algorithm, (&store_key, &call), cost).await
-    }
-
-    /// Runs `call`, deciding `cost` tokens of `store_key` by the rule's `algorithm`; the rule's fail mode decides
-    /// when the store fails.
-    async fn run_check(
-        &self,
-        compiled: &Compiled,
-        algorithm: &Algorithm,
-        (store_key, call): (&str, &Call),
-        cost: u64,
-    ) -> Decision {
         // What fail_mode local admitted alone is charged first, so this call's answer counts it (invariant 12).
         match self
             .fallback
-            .run((compiled.fail_mode, algorithm), store_key, call)
+            .run((compiled.fail_mode, algorithm), &store_key, &call)
             .await
         {
             Ok(reply) => Decision::from_reply(&reply, cost, self.store.source()),
             Err(Unsettled::Failed(error)) => {
                 tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
                 let reason = FailReason::of(&error);
-                self.fallback.decide(compiled, algorithm, store_key, cost, reason)
+                self.fallback.decide(compiled, algorithm, &store_key, cost, reason)
             }
             // A charge of the key is in flight, or it was just charged and the other processes have yet to
             // charge theirs: an answer now would not count them.

@@ -222,16 +222,14 @@ impl TokenBucket {
     /// [`TokenBucket::turn_spacing`] of `batch`, and the reply's `retry_after_ms` is the wait for it (at least
     /// the wait for `min` tokens on a refusal). So the processes of a saturated key call one after another,
     /// a turn's refill apart, whatever their number, and none bunch. A grant released by `pace` (more than one
-    /// chunk) is added to the bucket's pending tokens ([`Pending::with`]). With `drained` > 0, a call that leaves
-    /// the bucket at least `drained` tokens below its capacity is handed a turn too (a process's first call of a
-    /// key in a large fleet: it is queued without a second call). Returns the state, the last turn handed out and
-    /// the reply. A lease never leaves the bucket full, so it never has to drop the turn; a store drops
+    /// chunk) is added to the bucket's pending tokens ([`Pending::with`]). Returns the state, the last turn handed
+    /// out and the reply. A lease never leaves the bucket full, so it never has to drop the turn; a store drops
     /// it with a bucket that another call filled (Redis deletes the hash that holds it).
     pub(crate) fn lease(
         &self,
         (state, turn_ms): (Option<TokenBucketState>, u64),
         (min, max, batch): (u64, u64, u64),
-        (pace, drained): (Pace, u64),
+        pace: Pace,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, u64, Reply) {
         let (mut new, mut reply) = self.take(state, min, max, now_ms);
@@ -241,8 +239,7 @@ impl TokenBucket {
             s.paced.from_ms = s.paced.from_ms.max(s.ts_ms);
         }
         let mut turn = turn_ms;
-        let spent = reply.remaining < min || (drained > 0 && reply.remaining.saturating_add(drained) <= self.capacity);
-        if self.rate > 0 && batch > 0 && reply.retry_after_ms != NEVER && spent {
+        if self.rate > 0 && batch > 0 && reply.retry_after_ms != NEVER && reply.remaining < min {
             turn = turn.max(now_ms).saturating_add(self.turn_spacing(batch));
             reply.retry_after_ms = reply.retry_after_ms.max(ms(turn - now_ms));
         }
@@ -489,30 +486,25 @@ mod tests {
         };
         assert_eq!(b.turn_spacing(50), 30);
         // All it asked for, and as much left: no turn.
-        let (s, turn, r) = b.lease((None, 0), (1, 50, 50), (Pace::default(), 0), 0);
+        let (s, turn, r) = b.lease((None, 0), (1, 50, 50), Pace::default(), 0);
         assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 50, 0, 0));
         // The next drains the bucket: the first turn, 30 ms from now.
-        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), (Pace::default(), 0), 0);
+        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 0);
         assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 0, 30, 30));
         // Two more callers at 10 ms: a grant of what refilled and a refusal, each given the next turn.
-        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), (Pace::default(), 0), 10);
+        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 10);
         assert_eq!((r.granted, r.retry_after_ms, turn), (10, 50, 60));
-        let (s, turn, r) = b.lease((s, turn), (5, 60, 50), (Pace::default(), 0), 10);
+        let (s, turn, r) = b.lease((s, turn), (5, 60, 50), Pace::default(), 10);
         assert_eq!((r.granted, r.retry_after_ms, turn), (0, 80, 90));
         // The bucket refilled: a batch taken and one left, no turn (the last stays as it was).
-        let (s, turn, r) = b.lease((s, turn), (1, 50, 50), (Pace::default(), 0), 500);
+        let (s, turn, r) = b.lease((s, turn), (1, 50, 50), Pace::default(), 500);
         assert_eq!((r.granted, r.retry_after_ms, turn), (50, 0, 90));
         // Turns past: the next starts from now.
-        let (_, turn, r) = b.lease((s, turn), (1, 60, 50), (Pace::default(), 0), 500);
+        let (_, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 500);
         assert_eq!((r.granted, r.retry_after_ms, turn), (50, 30, 530));
         // A stock or a cost above the capacity is never: no turn.
         let stock = TokenBucket { rate: 0, ..b };
-        let (_, turn, r) = stock.lease(
-            (Some(stock.refill(None, 0)), 0),
-            (101, 101, 50),
-            (Pace::default(), 0),
-            0,
-        );
+        let (_, turn, r) = stock.lease((Some(stock.refill(None, 0)), 0), (101, 101, 50), Pace::default(), 0);
         assert_eq!((r.retry_after_ms, turn), (NEVER, 0));
     }
 

@@ -163,16 +163,6 @@ impl LocalBucket {
         self.tokens.total()
     }
 
-    /// The key's first call was handed a turn by the shared bucket (`Call::queued`): no lease before
-    /// `until_ns`, its callers refused locally meanwhile while their decisions measure the demand; the first
-    /// lease then waits no longer ([`Self::first_lease_wait`]).
-    pub(crate) fn queue(&self, until_ns: u64) {
-        let mut book = self.lock();
-        book.saturated = true;
-        self.measuring.store(false, Ordering::Release);
-        self.exhausted_until_ns.fetch_max(until_ns, Ordering::AcqRel);
-    }
-
     /// This new bucket was made hot because the fleet spends the shared bucket: its first lease may wait to
     /// measure the demand ([`Self::first_lease_wait`]).
     #[must_use]
@@ -416,13 +406,6 @@ impl LocalBucket {
         let turn = if turn_ns > 0 { now_ns.saturating_add(turn_ns) } else { 0 };
         let not_before = turn.max(book.schedule.last_ns().unwrap_or(0));
         self.exhausted_never.store(false, Ordering::Relaxed);
-        // A turn the key's first call was handed while this lease was in flight ([`Self::queue`]) stays.
-        let queued = self.exhausted_until_ns.load(Ordering::Acquire);
-        let not_before = if queued > now_ns {
-            not_before.max(queued)
-        } else {
-            not_before
-        };
         self.exhausted_until_ns.store(not_before, Ordering::Release);
         self.failing_until_ns.store(0, Ordering::Release);
         let reset_after_ns = u64::try_from(grant.reset_after_ms)
@@ -502,11 +485,9 @@ impl LocalBucket {
             .sum();
         let expired = self.tokens.remove(current.saturating_sub(live));
         book.batches.retain(|b| b.deadline_ns > now_ns);
+        // A key whose chunks were dropped still leases no sooner than its turn and its last chunk (no lease out of
+        // turn), its callers refused locally meanwhile.
         self.publish_deadline(&book);
-        if dropped > 0 {
-            // Its chunks waited for: the key goes to its lease, and to its fail mode while the store fails.
-            self.exhausted_until_ns.store(now_ns, Ordering::Release);
-        }
         expired.saturating_add(dropped)
     }
 

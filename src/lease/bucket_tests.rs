@@ -176,22 +176,6 @@ fn a_first_lease_on_a_spent_bucket_waits_half_a_ttl_in_a_large_fleet_only() {
 }
 
 #[test]
-fn a_turn_handed_to_the_first_call_outlasts_a_lease_already_in_flight() {
-    let b = local_bucket();
-    let plan = b.plan(1000, 1, 0);
-    // The key's first call was handed a turn at 500 ms while a lease sent at 0 was in flight.
-    b.queue(500 * MS);
-    assert!(b.add(&grant(10), (0, 0), plan, MS));
-    for t in 0..10 {
-        assert!(matches!(b.try_take(1, (2 + t) * MS), Take::Taken { .. }));
-    }
-    // Spent: refused until the turn, and no lease before it.
-    assert_eq!(b.try_take(1, 100 * MS), Take::Exhausted { retry_ns: 400 * MS });
-    assert!(!b.below_watermark(0, 100 * MS));
-    assert_eq!(b.try_take(1, 500 * MS), Take::Empty);
-}
-
-#[test]
 fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
     let b = slow_saturated();
     let sent = 100 * MS;
@@ -201,12 +185,14 @@ fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
     assert_eq!(b.expire(150 * MS, 3), 0, "no failure since: nothing dropped");
     assert_eq!(b.scheduled(), 25);
     // A call failed since: the fleet may be selling from its local shares, which do not know these chunks.
-    // They go back, nothing more is released, and the key goes to its lease (its fail mode) when it runs out.
+    // They go back and nothing more is released; the key leases no sooner than it would have (at 400 ms, when
+    // its last chunk was due), refusing locally meanwhile.
     assert_eq!(b.expire(150 * MS, 4), 25);
     assert_eq!((b.available(), b.scheduled()), (10, 0));
     for t in 0..10 {
         assert!(matches!(b.try_take(1, (151 + t) * MS), Take::Taken { .. }));
     }
-    assert_eq!(b.try_take(1, 170 * MS), Take::Empty);
+    assert!(matches!(b.try_take(1, 170 * MS), Take::Exhausted { .. }));
     assert_eq!(b.expire(500 * MS, 4), 0, "nothing released later");
+    assert_eq!(b.try_take(1, 500 * MS), Take::Empty);
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::bucket::{LocalBucket, Take, NEVER_RECHECK};
-use super::schedule::{large_fleet, paced_size};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -86,32 +85,6 @@ fn hot_at(lease: &Lease) -> u64 {
     lease.hot_after.unwrap_or((lease.min_batch / 4).max(3))
 }
 
-/// How far below full a cold decision of `cost` tokens must leave the shared bucket for the key to be spent by
-/// other processes (and hot at once, [`Engine::heat_up`]): a smallest batch beyond the cost.
-fn drained(lease: &Lease, cost: u64) -> u64 {
-    cost.saturating_add(lease.min_batch)
-}
-
-/// A key's first call in flight (`Compiled::queuing`), until dropped: however the decision ends, a caller that
-/// dropped its future included.
-pub(crate) struct Probing<'a> {
-    compiled: &'a Compiled,
-    key: &'a str,
-}
-
-impl<'a> Probing<'a> {
-    fn start(compiled: &'a Compiled, key: &'a str) -> Self {
-        compiled.queuing.insert(key.to_owned(), ());
-        Self { compiled, key }
-    }
-}
-
-impl Drop for Probing<'_> {
-    fn drop(&mut self) {
-        self.compiled.queuing.remove(self.key);
-    }
-}
-
 /// A leased bucket's algorithm without its lease: what a cold key and the fail mode run in its stead.
 pub(crate) fn unleased(bucket: &TokenBucket) -> Algorithm {
     Algorithm::TokenBucket {
@@ -158,71 +131,25 @@ impl Engine {
     }
 
     /// Called after a cold decision of a leased rule's `key` that left the shared bucket `remaining` tokens: a
-    /// bucket at least a batch below full beyond this decision's `cost` ([`drained`]) is spent by other processes
-    /// (the fleet leases it), so the key is hot at once, not after `hot_after` store calls (the warm-up of a fleet
-    /// of a thousand would otherwise cost three calls per process). `turn` is the wait for the turn the call was
-    /// handed ([`Engine::cold_call`]), if any: the key leases then, not before.
+    /// bucket at least a batch below full beyond this decision's `cost` is spent by other processes (the fleet
+    /// leases it), so the key is hot at once, not after `hot_after` store calls (the warm-up of a fleet of a
+    /// thousand would otherwise cost three calls per process).
     pub(crate) fn heat_up(
         &self,
         compiled: &Compiled,
         (bucket, lease): (&TokenBucket, &Lease),
         key: &str,
-        (cost, remaining): (u64, u64),
-        turn: Option<Duration>,
+        cost: u64,
+        remaining: u64,
     ) {
-        let spent = remaining.saturating_add(drained(lease, cost)) <= bucket.capacity;
-        let Some(heat) = compiled.heat.get().filter(|_| spent) else {
+        let drained = remaining.saturating_add(cost).saturating_add(lease.min_batch) <= bucket.capacity;
+        let Some(heat) = compiled.heat.get().filter(|_| drained) else {
             return;
         };
         heat.raise(compiled.hash(key), hot_at(lease));
-        match turn {
-            // Queued by its first call: it leases at its turn, its demand measured until then (a bucket that a
-            // concurrent decision made meanwhile waits for the turn too: a turn handed out and not taken would
-            // leave its refill to pile up).
-            Some(wait) => {
-                let until = self.clock.now_ns().saturating_add(nanos(wait));
-                self.insert_local(compiled, (bucket, lease), key, |made| made)
-                    .queue(until);
-            }
-            // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
-            // ([`LocalBucket::first_lease_wait`]).
-            None => {
-                self.insert_local(compiled, (bucket, lease), key, LocalBucket::measuring);
-            }
-        }
-    }
-
-    /// The store call deciding a cold `key` of a leased rule (`store_key` in the store), `heat` its count of
-    /// recent decisions here ([`Engine::check_hot`]): on its first (heat 1) in a large fleet ([`large_fleet`]), a
-    /// lease of exactly the cost that is handed a turn when it leaves the bucket spent by the others (more than
-    /// this process's share of the burst below full, and at least [`drained`];
-    /// the turns spaced for a paced turn, [`paced_size`]), so the process is queued by its first call instead of
-    /// a second one; else one take, as without a lease (decisions made while the first is in flight take no turn:
-    /// one per process). The fleet's count is the roster's: the rule's first decision waits for its first beat,
-    /// as its first lease would.
-    pub(crate) async fn cold_call<'a>(
-        &self,
-        compiled: &'a Compiled,
-        (bucket, lease): (&TokenBucket, &Lease),
-        (store_key, key, heat): (&str, &'a str, u64),
-        cost: u64,
-    ) -> (Call, Option<Probing<'a>>) {
-        let plain = || Call::check(&unleased(bucket), store_key, cost, 1, &self.members);
-        if heat != 1 || bucket.rate == 0 {
-            return (plain(), None);
-        }
-        // Not answered: counted as `expected_processes`; a `local` rule's call then fails (the fallback's run).
-        let _ = self.fallback.fleet.join(&compiled.rule.name, &unleased(bucket)).await;
-        let processes = self.fallback.processes(&compiled.rule.name);
-        // Spent by the others: more than this process's share of the burst gone (and a smallest batch at least, as
-        // `heat_up` tests): a process's own lease in flight beside this call spends no more than its share.
-        let others = cost.saturating_add((bucket.capacity / processes.max(1)).max(lease.min_batch));
-        // Hot already (a lease of its own made meanwhile has its turn): one turn per process.
-        if !large_fleet((bucket, lease), processes) || others > bucket.capacity || compiled.leases.contains_key(key) {
-            return (plain(), None);
-        }
-        let call = Call::lease(store_key, *bucket, (cost, cost), paced_size((bucket, lease))).queued(others);
-        (call, Some(Probing::start(compiled, key)))
+        // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
+        // ([`LocalBucket::first_lease_wait`]).
+        self.insert_local(compiled, (bucket, lease), key, LocalBucket::measuring);
     }
 
     /// `key`'s local bucket: the one in the map, else a new one, made by `made` from an empty bucket.
@@ -240,33 +167,32 @@ impl Engine {
             .clone()
     }
 
-    /// The key's local bucket: the one in the map, else a new one when the key is hot (see [`hot_at`]); else
-    /// `Err` with the key's heat (1 on its first decision here): it is decided by one store call.
+    /// The key's local bucket: the one in the map, else a new one when the key is hot (see [`hot_at`]), else
+    /// `None`: the key is decided by one store call.
     fn local_bucket(
         &self,
         compiled: &Compiled,
         bucket: &TokenBucket,
         lease: &Lease,
         key: &str,
-    ) -> Result<Arc<LocalBucket>, u64> {
+    ) -> Option<Arc<LocalBucket>> {
         if let Some(b) = compiled.leases.get(key) {
-            return Ok(b.clone());
+            return Some(b.clone());
         }
         let now = self.clock.now_ns();
         let period = compiled.rule.lease().unwrap_or(lease).ttl;
         let heat = compiled.heat.get_or_init(|| super::heat::Heat::new(nanos(period), now));
-        let seen = heat.observe(compiled.hash(key), now);
-        if seen < hot_at(lease) || compiled.queuing.contains_key(key) {
-            return Err(seen);
+        if heat.observe(compiled.hash(key), now) < hot_at(lease) {
+            return None;
         }
-        Ok(self.insert_local(compiled, (bucket, lease), key, |made| made))
+        Some(self.insert_local(compiled, (bucket, lease), key, |made| made))
     }
 
     /// Decides `cost` tokens of a leased rule's hot `key`: from the local bucket, or after the key's lease in
     /// flight (started here when none is), or by the fail mode when the lease fails. A caller waits at most the
     /// lease wait; when leases keep arriving but other callers spend them first, it is refused briefly, locally.
     /// Returns the decision and whether the key's shards counted it already (else the caller records it);
-    /// `Err` with the key's heat when it is not hot: decide it by one store call ([`Engine::cold_call`]).
+    /// `None` when the key is not hot: decide it by one store call.
     pub(crate) async fn check_hot(
         self: &Arc<Self>,
         compiled: &Arc<Compiled>,
@@ -274,7 +200,7 @@ impl Engine {
         lease: &Lease,
         key: &str,
         cost: u64,
-    ) -> Result<(Decision, bool), u64> {
+    ) -> Option<(Decision, bool)> {
         let clock = &self.clock;
         let timeouts = self.store.timeouts;
         let give_up_at = clock.now_ns().saturating_add(nanos(timeouts.lease_wait));
@@ -283,11 +209,11 @@ impl Engine {
             if local.is_retired() {
                 // Evicted, cooled or reloaded under us: go on with the key's current bucket, if it has one.
                 if self.background.is_closed() {
-                    return Ok((refused_briefly(&local, clock.now_ns()), false));
+                    return Some((refused_briefly(&local, clock.now_ns()), false));
                 }
                 local = match compiled.leases.get(key) {
                     Some(b) if !b.is_retired() => b.clone(),
-                    _ => return Err(0),
+                    _ => return None,
                 };
             }
             let now = clock.now_ns();
@@ -295,14 +221,14 @@ impl Engine {
                 self.expire(compiled, &local, now);
             }
             if let Some(decision) = self.answer_locally(compiled, &local, cost, now).map(Answer::decision) {
-                return Ok((decision, true));
+                return Some((decision, true));
             }
             if local.is_failing(now) {
-                return Ok((self.fall_back(compiled, bucket, &local, cost), false));
+                return Some((self.fall_back(compiled, bucket, &local, cost), false));
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
-                return Ok((refused_briefly(&local, now), false));
+                return Some((refused_briefly(&local, now), false));
             }
             local.mark_starved();
             let notified = local.notify.notified();
@@ -313,7 +239,7 @@ impl Engine {
             }
             if !local.lease_in_flight() && !self.start_lease(compiled, &local, cost) {
                 if self.background.is_closed() {
-                    return Ok((Decision::bare(false, Duration::ZERO, Source::Local), false));
+                    return Some((Decision::bare(false, Duration::ZERO, Source::Local), false));
                 }
                 continue;
             }
@@ -321,7 +247,7 @@ impl Engine {
             if tokio::time::timeout(wait, notified).await.is_err() {
                 // The lease is slow, not failed (invariant 13): refuse this caller briefly, locally; the key
                 // goes to fail_mode only if the lease itself fails or times out.
-                return Ok((refused_briefly(&local, clock.now_ns()), false));
+                return Some((refused_briefly(&local, clock.now_ns()), false));
             }
         }
     }

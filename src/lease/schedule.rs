@@ -171,8 +171,8 @@ pub(crate) fn paced_size((bucket, lease): (&TokenBucket, &Lease)) -> u64 {
 
 /// Whether `processes` form a large fleet for this key: their first turns, spaced as `token_lease.lua` spaces
 /// leases of `min_batch`, would take longer than half a TTL to go round. A large fleet's first leases wait to
-/// measure the demand ([`super::bucket::LocalBucket::first_lease_wait`]), and its processes' first calls of a key
-/// take a turn ([`crate::store::Call::queued`]); a small one's go round within that wait anyway.
+/// measure the demand ([`super::bucket::LocalBucket::first_lease_wait`]); a small one's go round within that wait
+/// anyway.
 pub(crate) fn large_fleet((bucket, lease): (&TokenBucket, &Lease), processes: u64) -> bool {
     let half_ttl_ns = lease.ttl.as_nanos() / 2;
     let guessed_turn_ns = u128::from(bucket.turn_spacing(lease.min_batch)) * 1_000_000;

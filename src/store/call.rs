@@ -42,9 +42,6 @@ pub(crate) enum Op {
         max: u64,
         batch: u64,
         pace: Pace,
-        /// Hand a turn too when the call leaves the bucket at least this many tokens below full (0: only when it
-        /// leaves fewer than `min`).
-        drained: u64,
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
@@ -461,17 +458,9 @@ impl Call {
                 max,
                 batch,
                 pace,
-                drained,
             } => {
                 let mut v = bucket(b).to_vec();
-                v.extend([
-                    int(*min),
-                    int(*max),
-                    int(*batch),
-                    int(pace.chunk),
-                    int(pace.chunk_ms),
-                    int(*drained),
-                ]);
+                v.extend([int(*min), int(*max), int(*batch), int(pace.chunk), int(pace.chunk_ms)]);
                 v
             }
             Op::TokenReturn { bucket: b, tokens, id } => {

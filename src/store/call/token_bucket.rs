@@ -43,20 +43,8 @@ impl Call {
                 max,
                 batch,
                 pace: Pace::default(),
-                drained: 0,
             },
         )
-    }
-
-    /// This lease (of [`Call::lease`]) handed a turn too when it leaves the bucket at least `drained` tokens below
-    /// its capacity: a process's first call of a key in a large fleet, queued without a second call. Other calls
-    /// are returned unchanged.
-    #[must_use]
-    pub(crate) fn queued(mut self, drained: u64) -> Self {
-        if let Op::TokenLease { drained: d, .. } = &mut self.op {
-            *d = drained;
-        }
-        self
     }
 
     /// This lease (of [`Call::lease`]) released by `pace`: in chunks, the bucket keeping what is to be released

@@ -23,13 +23,11 @@ impl MemoryStore {
                 max,
                 batch,
                 pace,
-                drained,
             } => self.update_bucket_with(key, now, |old, _, _, fields| {
                 if let Some(held) = bucket.held(old, fields.hold_until_ms, now) {
                     return held;
                 }
-                let (new, next, reply) =
-                    bucket.lease((old, fields.turn_ms), (*min, *max, *batch), (*pace, *drained), now);
+                let (new, next, reply) = bucket.lease((old, fields.turn_ms), (*min, *max, *batch), *pace, now);
                 fields.turn_ms = next;
                 (new, reply)
             }),

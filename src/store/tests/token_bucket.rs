@@ -39,13 +39,6 @@ pub(super) fn paced(
         .at(now)
 }
 
-/// token_lease.lua handed a turn too when it leaves the bucket `drained` tokens below its capacity.
-fn queued(key: &str, params: (u64, u64, u64), lease: (u64, u64, u64), drained: u64, now: u64) -> Call {
-    Call::lease(key, bucket(params), (lease.0, lease.1), lease.2)
-        .queued(drained)
-        .at(now)
-}
-
 pub(super) fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
 }
@@ -385,22 +378,6 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
                 ),
                 // At 930, 45 pending: 55 of the 100 that the refill would bring.
                 (take(&k("paced"), thousand_per_s, 1, 100, 930), r(55, 0, 0, 100)),
-            ],
-        ),
-        (
-            "a first call in a large fleet is queued: one that leaves the bucket `drained` below full takes a turn",
-            vec![
-                // 99 left: not 11 below full, no turn.
-                (queued(&k("queued"), thousand_per_s, (1, 1, 50), 11, 0), r(1, 99, 0, 1)),
-                (take(&k("queued"), thousand_per_s, 1, 88, 0), r(88, 11, 0, 89)),
-                // 10 left, 90 below full: the next turns, 30 ms apart, though tokens are left.
-                (
-                    queued(&k("queued"), thousand_per_s, (1, 1, 50), 11, 0),
-                    r(1, 10, 30, 90),
-                ),
-                (queued(&k("queued"), thousand_per_s, (1, 1, 50), 11, 0), r(1, 9, 60, 91)),
-                // Without `drained`, a lease that leaves tokens behind takes none.
-                (lease(&k("queued"), thousand_per_s, (1, 1, 50), 0), r(1, 8, 0, 92)),
             ],
         ),
         (
