@@ -38,6 +38,35 @@ fn sell(
     })
 }
 
+/// Freezes `server` for `outage`, thaws it, lets the fleet charge what it sold alone and go on from Redis for 4 s,
+/// then stops the sellers; asserts that the fleet sold alone.
+async fn freeze_then_stop(
+    server: &common::RedisServer,
+    outage: Duration,
+    (tasks, run, alone): (Vec<tokio::task::JoinHandle<()>>, &AtomicBool, &AtomicU64),
+) {
+    server.freeze();
+    // real time: the outage.
+    tokio::time::sleep(outage).await;
+    server.thaw();
+    // real time: the fleet charges what it sold alone and goes on from Redis.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    run.store(false, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("seller");
+    }
+    assert!(alone.load(Ordering::Relaxed) > 0, "the fleet sold alone");
+}
+
+/// It recovers by itself: every process decides from Redis again; then each shuts down.
+async fn decide_from_redis_again(fleet: &[Limiter]) {
+    for l in fleet {
+        let d = l.check("sale", "after", 1).await.expect("decision");
+        assert_eq!(d.source, Source::Redis, "{d:?}");
+        l.shutdown().await;
+    }
+}
+
 /// Eight processes, each told that the fleet has four, sell one key through a 5 s freeze of Redis under
 /// `fail_mode = "local"`: each sells alone an eighth of what was left and of the refill (the live count), not a
 /// quarter, so the fleet stays within the bound in every window (1.45-1.51x in a 3 s window when each took the
@@ -67,17 +96,7 @@ async fn more_processes_than_the_setting_says_keep_to_the_bound_through_a_freeze
     common::until_all_count(&fleet, "sale", 8, Duration::from_secs(8)).await;
     // real time: the fleet drains the bucket and takes the refill from Redis.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    server.freeze();
-    // real time: the outage.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    server.thaw();
-    // real time: the fleet charges what it sold alone and goes on from Redis.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    run.store(false, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("seller");
-    }
-    assert!(alone.load(Ordering::Relaxed) > 0, "the fleet sold alone");
+    freeze_then_stop(&server, Duration::from_secs(5), (tasks, &run, &alone)).await;
     // Every window from 0.2 s to the whole run: capacity + rate × W (no lease: no TTL term), W taken from the times
     // the answers arrived: an answer arrives within the call's timeout of Redis's grant, so grants recorded W
     // apart were at least W − timeout apart.
@@ -86,12 +105,7 @@ async fn more_processes_than_the_setting_says_keep_to_the_bound_through_a_freeze
     });
     eprintln!("worst window: {worst:?}, sold alone: {}", alone.load(Ordering::Relaxed));
     assert!(worst.ratio <= 1.0, "over the bound in a window: {worst:?}");
-    // It recovers by itself: every process decides from Redis again.
-    for l in &fleet {
-        let d = l.check("sale", "after", 1).await.expect("decision");
-        assert_eq!(d.source, Source::Redis, "{d:?}");
-        l.shutdown().await;
-    }
+    decide_from_redis_again(&fleet).await;
 }
 
 /// One process of four sits behind a link of +300 ms each way (its leases time out before Redis answers, so it
@@ -197,17 +211,7 @@ async fn paced_processes_keep_to_the_bound_through_a_freeze() {
             .is_empty();
     }
     assert!(paced, "no paced lease was granted");
-    server.freeze();
-    // real time: the outage.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    server.thaw();
-    // real time: the fleet charges what it sold alone and goes on from Redis.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    run.store(false, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("seller");
-    }
-    assert!(alone.load(Ordering::Relaxed) > 0, "the fleet sold alone");
+    freeze_then_stop(&server, Duration::from_secs(3), (tasks, &run, &alone)).await;
     // Every window: capacity + rate × (W + ttl), and the call's timeout for the answers of direct calls (as in
     // the freeze above).
     let worst = timeline.worst(Duration::from_millis(200), |w| {
@@ -219,9 +223,5 @@ async fn paced_processes_keep_to_the_bound_through_a_freeze() {
         alone.load(Ordering::Relaxed)
     );
     assert!(worst.ratio <= 1.0, "over the bound in a window: {worst:?}");
-    for l in &fleet {
-        let d = l.check("sale", "after", 1).await.expect("decision");
-        assert_eq!(d.source, Source::Redis, "{d:?}");
-        l.shutdown().await;
-    }
+    decide_from_redis_again(&fleet).await;
 }

@@ -61,10 +61,8 @@ fn expiry_gives_back_only_what_older_batches_left() {
     );
 }
 
-/// The shipped rule's bucket (2000 tokens, 1000 a second, batches of 10 to 500 for 200 ms), made hot on a
-/// saturated shared bucket, that has refused 10 decisions in its first 100 ms: 100 a second, as each process of
-/// a fleet of 1000 sharing 10^5.
-fn slow_saturated() -> LocalBucket {
+/// The shipped rule's bucket and lease: 2000 tokens, 1000 a second, batches of 10 to 500 for 200 ms.
+fn shipped() -> (TokenBucket, Lease) {
     let bucket = TokenBucket {
         capacity: 2_000,
         rate: 1_000,
@@ -76,6 +74,14 @@ fn slow_saturated() -> LocalBucket {
         ttl: Duration::from_millis(200),
         hot_after: None,
     };
+    (bucket, lease)
+}
+
+/// The shipped rule's bucket ([`shipped`]), made hot on a
+/// saturated shared bucket, that has refused 10 decisions in its first 100 ms: 100 a second, as each process of
+/// a fleet of 1000 sharing 10^5.
+fn slow_saturated() -> LocalBucket {
+    let (bucket, lease) = shipped();
     let b = LocalBucket::new("k", "tl:{r:k}".into(), bucket, lease, 0).measuring();
     b.refused(Duration::from_millis(100), Duration::ZERO, Duration::ZERO, 0);
     for i in 0..10 {
@@ -149,17 +155,7 @@ fn a_refusal_is_cached_until_retry_after() {
 
 #[test]
 fn a_first_lease_on_a_spent_bucket_waits_half_a_ttl_in_a_large_fleet_only() {
-    let bucket = TokenBucket {
-        capacity: 2_000,
-        rate: 1_000,
-        per_ms: 1_000,
-    };
-    let lease = Lease {
-        min_batch: 10,
-        max_batch: 500,
-        ttl: Duration::from_millis(200),
-        hot_after: None,
-    };
+    let (bucket, lease) = shipped();
     let made = 1_000_000_000;
     let fresh = || LocalBucket::new("k", "tl:{r:k}".into(), bucket, lease, made);
     // Not made hot by the fleet's spending: leases at once, however large the fleet.
