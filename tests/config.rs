@@ -21,8 +21,8 @@ fn the_shipped_config_is_valid() {
     assert_eq!(sku.fail_mode, Some(FailMode::Closed));
     let lease = sku.lease().expect("lease");
     assert_eq!(
-        (lease.min_batch, lease.max_batch, lease.ttl, lease.hot_after),
-        (10, 500, Duration::from_millis(200), Some(1))
+        (lease.min_batch, lease.max_batch, lease.ttl),
+        (10, 500, Duration::from_millis(200))
     );
     match &config.rule("upload").expect("upload").algorithm {
         Algorithm::FixedWindow {

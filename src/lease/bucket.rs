@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::schedule::{large_fleet, paced_size, paced_turn, LeasePlan, Schedule};
+use super::schedule::{large_fleet, paced_turn, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
 use crate::algorithm::{Pace, Reply, TokenBucket};
 use crate::clock::{nanos, NEVER_NS};
@@ -52,8 +52,6 @@ struct Book {
     decisions_at_lease: u64,
     /// Decisions per second between the last two leases (the demand, refusals included).
     demand_per_s: u64,
-    /// A lease was planned: the next one is not the key's first.
-    leased: bool,
     /// Decisions already added to the metrics.
     flushed: Counts,
     /// When the sweeper last measured the key's heat, and the decisions counted by then.
@@ -148,7 +146,6 @@ impl LocalBucket {
                 last_lease_ns: now_ns,
                 decisions_at_lease: 0,
                 demand_per_s: 0,
-                leased: false,
                 flushed: Counts::default(),
                 heat_at_ns: now_ns,
                 decisions_at_heat: 0,
@@ -283,13 +280,12 @@ impl LocalBucket {
     /// refusals included, so a saturated key keeps its size) to last half the lease TTL, and asks for the whole
     /// batch as `min` when the shared bucket is saturated.
     ///
-    /// A fair share of the burst among the fleet's `processes` caps the batch while the shared bucket is not
-    /// saturated, so that the burst is split between them; once it is, the processes take the turns the bucket
-    /// hands out (`token_lease.lua`) and a batch may reach `max_batch`. Never more than the demand spends within
-    /// 0.9 × the TTL (the rest would go back unspent, a give-back per lease). `cost` is what the caller needs.
-    pub(crate) fn plan(&self, processes: u64, cost: u64, now_ns: u64) -> LeasePlan {
+    /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
+    /// processes; once it is, the processes take the turns the bucket hands out (`token_lease.lua`) and a batch
+    /// may reach `max_batch`. Never more than the demand spends within 0.9 × the TTL (the rest would go back
+    /// unspent, a give-back per lease). `cost` is what the caller needs.
+    pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
-        let fair_share = self.bucket.capacity / processes.max(1);
         let mut book = self.lock();
         let decisions = self.tokens.counts().total();
         let decided = decisions.saturating_sub(book.decisions_at_lease);
@@ -352,22 +348,11 @@ impl LocalBucket {
         } else {
             batch
         };
-        // In a large fleet, the key's first lease before any demand is seen (a key hot at its first decision) is
-        // spaced as a paced turn: spaced for its small first batch, a fleet of a thousand queued turns 6 ms apart,
-        // each bringing 6 tokens, for the whole sale. Later leases are spaced by what they measured; a small
-        // fleet's first turns go round within half a TTL anyway.
-        let first = !book.leased && book.demand_per_s == 0;
-        let unmeasured = if first && large_fleet((&self.bucket, lease), processes) {
-            paced_size((&self.bucket, lease))
-        } else {
-            0
-        };
-        book.leased = true;
         LeasePlan {
             min: cost,
             max,
             batch,
-            turn: turn.max(batch).max(unmeasured),
+            turn: turn.max(batch),
             pace,
         }
     }

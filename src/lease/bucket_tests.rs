@@ -34,7 +34,7 @@ fn grant(tokens: u64) -> Reply {
 #[test]
 fn expiry_gives_back_only_what_older_batches_left() {
     let b = local_bucket();
-    let plan = b.plan(1, 1, 0);
+    let plan = b.plan(1000, 1, 0);
     assert!(b.add(&grant(10), (0, 0), plan, 0));
     assert!(matches!(b.try_take(4, 10 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 6);
@@ -93,7 +93,7 @@ fn slow_saturated() -> LocalBucket {
 #[test]
 fn a_slow_process_on_a_saturated_bucket_leases_a_paced_turn() {
     let b = slow_saturated();
-    let plan = b.plan(1_000, 1, 100 * MS);
+    let plan = b.plan(2, 1, 100 * MS);
     // It spends 18 tokens in the TTL but 200 while the burst refills (2 s): a turn of 200, up to 400 when it
     // comes late, released 10 every 100 ms (what it spends in half a TTL).
     assert_eq!(
@@ -111,19 +111,19 @@ fn a_slow_process_on_a_saturated_bucket_leases_a_paced_turn() {
     );
     // A fast process (2500 a second) spends a whole batch in the TTL: not paced.
     let fast = local_bucket();
-    let _ = fast.plan(1, 1, 0);
+    let _ = fast.plan(1000, 1, 0);
     for i in 0..250 {
         let _ = fast.try_take(1, i * 400_000);
     }
     fast.refused(Duration::from_millis(1), Duration::ZERO, Duration::ZERO, 0);
-    assert_eq!(fast.plan(1, 1, 100 * MS).pace, Pace::default());
+    assert_eq!(fast.plan(1000, 1, 100 * MS).pace, Pace::default());
 }
 
 #[test]
 fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     let b = slow_saturated();
     let sent = 100 * MS;
-    let plan = b.plan(1_000, 1, sent);
+    let plan = b.plan(2, 1, sent);
     assert!(b.add(&grant(35), (sent, 0), plan, sent + MS));
     // The first chunk at once; the next at 200 ms, 300 ms and (the last 5) 400 ms.
     assert_eq!((b.available(), b.scheduled()), (10, 25));
@@ -175,7 +175,7 @@ fn a_first_lease_on_a_spent_bucket_waits_half_a_ttl_in_a_large_fleet_only() {
 fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
     let b = slow_saturated();
     let sent = 100 * MS;
-    let plan = b.plan(1_000, 1, sent);
+    let plan = b.plan(2, 1, sent);
     // Sent when the store had failed 3 calls.
     assert!(b.add(&grant(35), (sent, 3), plan, sent + MS));
     assert_eq!(b.expire(150 * MS, 3), 0, "no failure since: nothing dropped");
@@ -191,26 +191,4 @@ fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
     assert!(matches!(b.try_take(1, 170 * MS), Take::Exhausted { .. }));
     assert_eq!(b.expire(500 * MS, 4), 0, "nothing released later");
     assert_eq!(b.try_take(1, 500 * MS), Take::Empty);
-}
-
-#[test]
-fn a_first_lease_before_any_demand_is_spaced_as_a_paced_turn() {
-    // A key hot at its first decision (`hot_after = 1`) leases before a demand is measured: in a fleet of 1000
-    // its batch is its fair share, but the turn the bucket spaces it by is what the bucket refills in a TTL (200
-    // tokens). Spaced by its batch instead, the fleet queued turns 6 ms apart, each bringing 6 tokens, all sale.
-    let (bucket, lease) = shipped();
-    let b = LocalBucket::new("k", "tl:{r:k}".into(), bucket, lease, 0);
-    let first = b.plan(1_000, 1, 0);
-    assert_eq!((first.min, first.batch, first.turn), (1, 2, 200));
-    // Four processes: their first turns go round within half a TTL, spaced by the first batch.
-    let small = LocalBucket::new("k", "tl:{r:k}".into(), bucket, lease, 0);
-    assert_eq!(small.plan(4, 1, 0).turn, 10);
-    // Once a demand is seen, the turn is what it spends in the TTL: 300 decisions in 100 ms spend 540 in 0.9 ×
-    // TTL, 500 within the batch bounds.
-    assert!(b.add(&grant(300), (0, 0), first, MS));
-    for i in 0..300 {
-        let _ = b.try_take(1, i * MS / 3);
-    }
-    let measured = b.plan(1_000, 1, 100 * MS);
-    assert_eq!(measured.turn, 500, "{measured:?}");
 }

@@ -297,7 +297,8 @@ impl Engine {
         let sent = clock.now_ns();
         let failures = self.store.failures();
         // At most this process's share of the burst at once, so the others get theirs.
-        let plan = local.plan(self.fallback.processes(&compiled.rule.name), cost, sent);
+        let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
+        let plan = local.plan(fair_share, cost, sent);
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
         let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
