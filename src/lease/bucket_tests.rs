@@ -1,5 +1,6 @@
 //! Unit tests of `bucket.rs`: the local bucket's hot path, leases, turns and expiry.
 use super::*;
+use crate::lease::schedule::tests::shipped;
 
 fn lease() -> Lease {
     Lease {
@@ -59,22 +60,6 @@ fn expiry_gives_back_only_what_older_batches_left() {
         !b.add(&grant(10), (10_001 * MS, 0), plan, 10_001 * MS),
         "nor takes a grant: it goes back"
     );
-}
-
-/// The shipped rule's bucket and lease: 2000 tokens, 1000 a second, batches of 10 to 500 for 200 ms.
-fn shipped() -> (TokenBucket, Lease) {
-    let bucket = TokenBucket {
-        capacity: 2_000,
-        rate: 1_000,
-        per_ms: 1_000,
-    };
-    let lease = Lease {
-        min_batch: 10,
-        max_batch: 500,
-        ttl: Duration::from_millis(200),
-        hot_after: None,
-    };
-    (bucket, lease)
 }
 
 /// The shipped rule's bucket ([`shipped`]), made hot on a

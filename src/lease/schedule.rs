@@ -180,10 +180,26 @@ pub(crate) fn large_fleet((bucket, lease): (&TokenBucket, &Lease), processes: u6
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    /// The shipped rule's bucket and lease: 2000 tokens, 1000 a second, batches of 10 to 500 for 200 ms.
+    pub(crate) fn shipped() -> (TokenBucket, Lease) {
+        let bucket = TokenBucket {
+            capacity: 2_000,
+            rate: 1_000,
+            per_ms: 1_000,
+        };
+        let lease = Lease {
+            min_batch: 10,
+            max_batch: 500,
+            ttl: std::time::Duration::from_millis(200),
+            hot_after: None,
+        };
+        (bucket, lease)
+    }
 
     #[test]
     fn a_paced_grant_is_released_a_chunk_at_a_time() {
@@ -226,17 +242,7 @@ mod tests {
 
     #[test]
     fn a_slow_demand_on_a_saturated_bucket_is_paced_in_chunks_of_at_least_its_cost() {
-        let bucket = TokenBucket {
-            capacity: 2_000,
-            rate: 1_000,
-            per_ms: 1_000,
-        };
-        let lease = Lease {
-            min_batch: 10,
-            max_batch: 500,
-            ttl: std::time::Duration::from_millis(200),
-            hot_after: None,
-        };
+        let (bucket, lease) = shipped();
         let paced = |saturated, demand, spendable| paced_turn((&bucket, &lease), saturated, demand, spendable);
         let every_100_ms = |chunk| Pace { chunk, chunk_ms: 100 };
         // 100 decisions a second: chunks of 10 every 100 ms, a turn of 200 (what the bucket refills in a TTL).
