@@ -38,6 +38,46 @@ fn sell(
     })
 }
 
+/// Eight processes selling one key: the limiters, what they admitted, the flag that stops them, how many they
+/// decided alone, and their seller tasks.
+struct Sale {
+    fleet: Vec<Limiter>,
+    timeline: Arc<Timeline>,
+    run: Arc<AtomicBool>,
+    alone: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts eight processes of `rule` on `server` (each told the fleet has `expected`; `None`: the setting left
+/// out), each selling `sale`/`k` every `every` ([`sell`]); returns once every one counts the eight live.
+async fn eight_sell(server: &common::RedisServer, rule: &Rule, expected: Option<u32>, every: Duration) -> Sale {
+    let fleet: Vec<Limiter> = (0..8)
+        .map(|_| {
+            let process = common::limiter([rule.clone()])
+                .redis_url(&server.url())
+                .timeout(TIMEOUT);
+            match expected {
+                Some(n) => process.expected_processes(n),
+                None => process,
+            }
+            .build()
+        })
+        .collect();
+    let timeline = Arc::new(Timeline::new(Duration::from_secs(20)));
+    let (run, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
+    let tasks = (fleet.iter())
+        .map(|l| sell(l, ("sale", "k"), every, (&timeline, &run, &alone)))
+        .collect();
+    common::until_all_count(&fleet, "sale", 8, Duration::from_secs(8)).await;
+    Sale {
+        fleet,
+        timeline,
+        run,
+        alone,
+        tasks,
+    }
+}
+
 /// Freezes `server` for `outage`, thaws it, lets the fleet charge what it sold alone and go on from Redis for 4 s,
 /// then stops the sellers; asserts that the fleet sold alone.
 async fn freeze_then_stop(
@@ -79,21 +119,13 @@ async fn more_processes_than_the_setting_says_keep_to_the_bound_through_a_freeze
     let rule = Rule::token_bucket("sale", CAPACITY, RATE, Duration::from_secs(1))
         .expect("rule")
         .with_fail_mode(FailMode::Local);
-    let fleet: Vec<Limiter> = (0..8)
-        .map(|_| {
-            common::limiter([rule.clone()])
-                .redis_url(&server.url())
-                .timeout(TIMEOUT)
-                .expected_processes(4)
-                .build()
-        })
-        .collect();
-    let timeline = Arc::new(Timeline::new(Duration::from_secs(20)));
-    let (run, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
-    let tasks: Vec<_> = (fleet.iter())
-        .map(|l| sell(l, ("sale", "k"), Duration::from_millis(5), (&timeline, &run, &alone)))
-        .collect();
-    common::until_all_count(&fleet, "sale", 8, Duration::from_secs(8)).await;
+    let Sale {
+        fleet,
+        timeline,
+        run,
+        alone,
+        tasks,
+    } = eight_sell(&server, &rule, Some(4), Duration::from_millis(5)).await;
     // real time: the fleet drains the bucket and takes the refill from Redis.
     tokio::time::sleep(Duration::from_secs(1)).await;
     freeze_then_stop(&server, Duration::from_secs(5), (tasks, &run, &alone)).await;
@@ -186,20 +218,13 @@ async fn paced_processes_keep_to_the_bound_through_a_freeze() {
         })
         .expect("rule")
         .with_fail_mode(FailMode::Local);
-    let fleet: Vec<Limiter> = (0..8)
-        .map(|_| {
-            common::limiter([rule.clone()])
-                .redis_url(&server.url())
-                .timeout(TIMEOUT)
-                .build()
-        })
-        .collect();
-    let timeline = Arc::new(Timeline::new(Duration::from_secs(20)));
-    let (run, alone) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(0)));
-    let tasks: Vec<_> = (fleet.iter())
-        .map(|l| sell(l, ("sale", "k"), Duration::from_millis(50), (&timeline, &run, &alone)))
-        .collect();
-    common::until_all_count(&fleet, "sale", 8, Duration::from_secs(8)).await;
+    let Sale {
+        fleet,
+        timeline,
+        run,
+        alone,
+        tasks,
+    } = eight_sell(&server, &rule, None, Duration::from_millis(50)).await;
     // real time: the fleet drains the burst and leases paced turns; the bucket then holds pending tokens.
     let mut paced = false;
     for _ in 0..40 {
