@@ -35,7 +35,7 @@ pub use limiter::handle::RuleHandle;
 pub use limiter::health::Readiness;
 pub use limiter::{Limiter, LimiterStats};
 pub use rule::{Algorithm, Calendar, FailMode, Lease, Override, Quota, Rule, Zone};
-pub use store::{BoxFuture, MemoryStore, RedisStore, Store};
+pub use store::{BoxFuture, Faults, FaultyStore, LinkFault, MemoryStore, RedisStore, Store, StoreFault};
 
 /// The examples of the README before it became a reference page, kept as doctests (docs/EXAMPLES.md).
 #[cfg(doctest)]

@@ -51,13 +51,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Seeded simulations break the store on purpose: the warnings of each fault are expected, thousands of them.
+    let quiet = matches!(&cli.command, Command::Simulate(args) if args.is_seeded());
+    let default_level = if quiet { "error" } else { "warn" };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()))
         .with_writer(std::io::stderr)
         // Colour only on a terminal: a log file or a collector gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::CheckConfig { path } => check_config(path),
         Command::FlashSale(args) => flash_sale::run(args),

@@ -8,7 +8,11 @@
 //! process's other callers. Every allowed decision is put in a timeline at its virtual time (`timeline.rs`);
 //! the store calls of every limiter are summed once a virtual second; `report.rs` turns both into the figures.
 
+mod check;
+mod fleet;
 mod report;
+mod scenario;
+mod seeds;
 mod timeline;
 
 use std::future::Future;
@@ -20,7 +24,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use tokenlease::{Algorithm, Clock, Decision, Error, Limiter, MemoryStore, Rule, RuleHandle, TokioClock};
+use tokenlease::{Algorithm, Clock, Decision, Error, FailMode, Limiter, MemoryStore, Rule, RuleHandle, TokioClock};
 
 use report::{Figures, Setup};
 use timeline::Timeline;
@@ -29,8 +33,23 @@ use timeline::Timeline;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Processes: limiters of this crate sharing the store, as processes share a Redis.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     processes: u32,
+    /// Runs the fleet, rule, demand and faults that this seed draws (the options above and below but `--mode`,
+    /// `--min-sell` and `--json` are not used), checks every window and the sell-through after healing, and
+    /// prints the schedule and the command that replays it. The same seed gives the same run.
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// Runs every seed of a range `A..B` (B excluded) on every core, and prints the failing ones reduced to the
+    /// fewest faults that still fail; exits 1 when one failed.
+    #[arg(long)]
+    seeds: Option<String>,
+    /// With `--seed`/`--seeds`: the fail mode (`closed` or `local`; default: each seed under both).
+    #[arg(long, value_parser = parse_mode)]
+    mode: Option<FailMode>,
+    /// With `--seeds`: the least share of what could sell that a fleet must sell once its faults healed.
+    #[arg(long, default_value_t = 0.0)]
+    min_sell: f64,
     /// `expected_processes` given to every limiter (left out: the limiter's default, as with no setting).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     expected: Option<u32>,
@@ -55,11 +74,37 @@ pub struct Args {
     json: bool,
 }
 
+impl Args {
+    /// Whether the run is drawn from seeds (`--seed`, `--seeds`).
+    pub fn is_seeded(&self) -> bool {
+        self.seed.is_some() || self.seeds.is_some()
+    }
+}
+
 /// The key every process decides: one hot SKU.
 const KEY: &str = "sku:sale";
 
 /// Runs the simulation and prints its figures; exits 1 when a window admitted more than its bound.
 pub fn run(args: Args) -> Result<ExitCode, String> {
+    if let Some(seed) = args.seed {
+        let mut exit = ExitCode::SUCCESS;
+        for mode in seeds::modes(args.mode) {
+            let run = seeds::run_one(&scenario::Scenario::draw(seed, mode), true)?;
+            seeds::print(&run, args.json);
+            if run.verdict.over {
+                exit = ExitCode::FAILURE;
+            }
+        }
+        return Ok(exit);
+    }
+    if let Some(range) = &args.seeds {
+        return seeds::run_range(
+            seeds::parse_range(range)?,
+            &seeds::modes(args.mode),
+            args.min_sell,
+            args.json,
+        );
+    }
     let config = crate::flash_sale::load_config(&args.config, Some("memory"))?;
     let rule = crate::flash_sale::pick_rule(&config, args.rule.as_deref())?;
     if args.demand == 0 || args.duration.is_zero() {
@@ -87,6 +132,15 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+fn parse_mode(text: &str) -> Result<FailMode, String> {
+    match text {
+        "closed" => Ok(FailMode::Closed),
+        "local" => Ok(FailMode::Local),
+        "open" => Ok(FailMode::Open),
+        _ => Err(format!("`{text}`: closed, local or open")),
+    }
 }
 
 /// The run's parameters as the report states them, from the options and the rule.

@@ -35,6 +35,7 @@ pub struct LimiterBuilder {
     timeout: Option<Duration>,
     process: ProcessConfig,
     redis: Option<RedisConfig>,
+    member: Option<String>,
 }
 
 impl LimiterBuilder {
@@ -89,6 +90,16 @@ impl LimiterBuilder {
         self
     }
 
+    /// This limiter's name in its rules' rosters in the store, and the prefix of the members it writes to
+    /// sliding logs and queues (`{name}-{n}`). Every limiter sharing a store needs its own name. Default: the
+    /// process id, the wall clock's nanoseconds at build and a count of the process's limiters, unique without
+    /// being asked; a simulation names its processes so that one seed gives one run (`tokenlease simulate
+    /// --seed`).
+    pub fn member(mut self, name: impl Into<String>) -> Self {
+        self.member = Some(name.into());
+        self
+    }
+
     /// Settings of this process (`[process]` in config.toml): the longest key accepted, and how many keys hold
     /// leased tokens and for how long when idle.
     pub fn process(mut self, process: ProcessConfig) -> Self {
@@ -124,7 +135,7 @@ impl LimiterBuilder {
 
         let background = Arc::new(Background::default());
         let store = Arc::new(Guarded::new(store, clock.clone(), Timeouts::from_call(timeout)));
-        let members = Arc::new(Members::new());
+        let members = Arc::new(self.member.map_or_else(Members::new, Members::named));
         let shares = MemoryStore::with_clock(clock.clone());
         let fleet = Fleet::new(
             (members.name().to_owned(), key_prefix.clone()),

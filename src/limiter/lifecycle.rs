@@ -38,6 +38,7 @@ pub(super) async fn sweeper(inner: Weak<Inner>) {
             return;
         };
         tokio::select! {
+            biased;
             _ = background.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
@@ -81,6 +82,7 @@ pub(super) async fn beats(inner: Weak<Inner>) {
         let mut soon = false;
         loop {
             tokio::select! {
+                biased;
                 // Shut down: the pass's beats and charges finish on their own (shutdown charges what is left).
                 _ = background.cancelled() => {
                     pass.detach_all();
@@ -94,6 +96,7 @@ pub(super) async fn beats(inner: Weak<Inner>) {
         }
         let wait = if soon { BEAT_SOON } else { BEAT };
         tokio::select! {
+            biased;
             _ = background.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }

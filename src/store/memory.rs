@@ -56,11 +56,15 @@ pub struct MemoryStore {
 
 /// A key's state and when it equals a missing key again (the reply's `reset_after_ms` from the last call,
 /// as Redis's PEXPIRE): then it is dropped, so idle keys do not accumulate.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Entry {
     state: State,
     expires_at_ms: u64,
 }
+
+/// Every key's state at one instant ([`MemoryStore::snapshot`]).
+#[derive(Debug)]
+pub(crate) struct Snapshot(Vec<(String, Entry)>);
 
 /// How often idle keys are purged, in ms of the calls' clock.
 const PURGE_EVERY_MS: u64 = 1_000;
@@ -131,6 +135,20 @@ impl MemoryStore {
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+
+    /// A copy of every key's state, to put back with [`MemoryStore::restore`] (a replica's copy, for
+    /// [`super::fault::Faults::rollback`]).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        Snapshot(self.map.iter().map(|e| (e.key().clone(), e.value().clone())).collect())
+    }
+
+    /// Puts back the state of `snapshot`: every key as it was then, and no other.
+    pub(crate) fn restore(&self, snapshot: Snapshot) {
+        self.map.clear();
+        for (key, entry) in snapshot.0 {
+            self.map.insert(key, entry);
+        }
     }
 
     /// The token bucket stored under `key`, live or not (tests compare it with the Redis hash).

@@ -15,6 +15,7 @@ pub(crate) mod call;
 pub(crate) mod condition;
 mod connect;
 pub(crate) mod eviction;
+pub(crate) mod fault;
 pub(crate) mod guarded;
 pub(crate) mod memory;
 pub(crate) mod redis;
@@ -25,6 +26,7 @@ mod tests;
 mod version;
 
 pub(crate) use call::Call;
+pub use fault::{Faults, FaultyStore, LinkFault, StoreFault};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
@@ -73,6 +75,7 @@ pub trait Store: sealed::Sealed + Send + Sync + std::fmt::Debug + 'static {
 
 impl sealed::Sealed for MemoryStore {}
 impl sealed::Sealed for RedisStore {}
+impl sealed::Sealed for FaultyStore {}
 
 /// A call the store refuses: its arguments are out of range.
 pub(crate) fn bad_args(call: &Call, why: &str) -> StoreError {

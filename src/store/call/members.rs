@@ -26,6 +26,14 @@ impl Members {
         }
     }
 
+    /// Members named `{name}-{n}`, the limiter itself `name` (see [`crate::LimiterBuilder::member`]).
+    pub(crate) fn named(name: String) -> Self {
+        Self {
+            prefix: name,
+            next: AtomicU64::new(0),
+        }
+    }
+
     /// The limiter's own name: its member in the rules' rosters (`fleet.lua`).
     pub(crate) fn name(&self) -> &str {
         &self.prefix

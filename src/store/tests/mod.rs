@@ -4,6 +4,7 @@
 
 #[path = "../../../tests/common/server.rs"]
 mod common;
+mod faults;
 mod fleet;
 mod harness;
 mod latency;

@@ -1,0 +1,273 @@
+//! The checks of a seeded run, on what its callers were told, to the millisecond:
+//!
+//! - **Safety**, on every window from 0.2 s to the whole run: a token bucket's `capacity + ∫ rate` over the
+//!   window and the lease TTL before it (`capacity + rate × (W + ttl)` when no reload changed the rate; the
+//!   largest capacity across reloads); a sliding log's `limit` in any window; a sliding-window counter's `limit`
+//!   in any `sub_buckets` consecutive sub-buckets; a rolling fixed window's `limit` in each window, so at most
+//!   `2 × limit` in any window's length and `limit × (⌈run / window⌉ + 1)` in the run. A fault no limiter on that
+//!   store can mask widens the bound of the windows that end after it by what it adds, and no more: a rollback
+//!   of the store by the grants it lost, a step of its clock by `min(capacity, rate × step)` (a window's limit).
+//!   A caller counts a grant when its answer arrives, up to [`Outcome::reply_ms`] after the store made it: a
+//!   token bucket's windows take that as part of the TTL before them, a window rule's windows start that much
+//!   later.
+//! - **Liveness**, apart (as TigerBeetle's VOPR does): from 2 s after the last fault healed to the end, when that
+//!   is at least 3 s, the share sold of what could sell: the demand, or the limit's rate where lower (a token
+//!   bucket: or what the whole run's bound leaves after what was sold before, where lower still).
+
+use super::fleet::Outcome;
+use super::scenario::{Limit, Scenario};
+
+/// The shortest window checked, in ms.
+pub(super) const SHORTEST_MS: usize = 200;
+
+/// A healthy tail shorter than this is not judged for liveness, in ms.
+const TAIL_MS: u64 = 3_000;
+
+/// How long after the last fault heals the fleet may take to find its pace again, in ms.
+const SETTLE_MS: u64 = 2_000;
+
+/// The window furthest over (or closest to) its bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Worst {
+    /// Admitted over the bound: above 1 is over the limit.
+    pub(super) ratio: f64,
+    pub(super) from_ms: usize,
+    pub(super) length_ms: usize,
+    pub(super) admitted: u64,
+    pub(super) bound: f64,
+}
+
+/// What the checks found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Verdict {
+    /// Whether some window admitted more than its bound.
+    pub(super) over: bool,
+    /// The worst window (found in full only when `over`, or when asked).
+    pub(super) worst: Worst,
+    /// Sold over what could sell in the healthy tail; `None` without one.
+    pub(super) sell: Option<f64>,
+}
+
+/// Checks `outcome` of `scenario`; `worst` finds the worst window even when none is over.
+pub(super) fn check(scenario: &Scenario, outcome: &Outcome, worst: bool) -> Verdict {
+    let prefix = prefix_sums(&outcome.admitted_ms);
+    let over = match &scenario.limit {
+        Limit::TokenBucket { .. } => bucket_excess(&prefix, outcome) > 1e-9,
+        _ => window_worst(scenario, &prefix, outcome).ratio > 1.0,
+    };
+    let worst = if over || worst {
+        match &scenario.limit {
+            Limit::TokenBucket { .. } => bucket_worst(&prefix, outcome),
+            _ => window_worst(scenario, &prefix, outcome),
+        }
+    } else {
+        Worst::default()
+    };
+    Verdict {
+        over,
+        worst,
+        sell: sell_through(scenario, outcome, &prefix),
+    }
+}
+
+fn prefix_sums(admitted: &[u64]) -> Vec<u64> {
+    let mut prefix = Vec::with_capacity(admitted.len() + 1);
+    prefix.push(0);
+    for n in admitted {
+        prefix.push(prefix.last().copied().unwrap_or(0) + n);
+    }
+    prefix
+}
+
+/// A token bucket's bound over `[from, to)` ms: the largest capacity, the refill from `from − ttl` to `to` at
+/// the rates in force, and what unmaskable faults added before `to`.
+struct BucketBound {
+    capacity: f64,
+    ttl_ms: usize,
+    /// Refill from 0 to each ms (index: ms), in tokens.
+    refill: Vec<f64>,
+    /// Unmaskable tokens added up to each ms.
+    added: Vec<f64>,
+}
+
+impl BucketBound {
+    fn new(outcome: &Outcome, len: usize) -> Self {
+        let (mut capacity, mut ttl_ms) = (0.0_f64, 0);
+        for (_, limit) in &outcome.limits {
+            if let Limit::TokenBucket { capacity: c, lease, .. } = limit {
+                capacity = capacity.max(*c as f64);
+                ttl_ms = ttl_ms.max(lease.map_or(0, |l| usize::try_from(l.ttl.as_millis()).unwrap_or(0)));
+            }
+        }
+        // Counted when the caller learns it, a grant may be that much later than the store's.
+        ttl_ms += outcome.reply_ms;
+        let mut refill = vec![0.0; len + 1];
+        let mut added = vec![0.0; len + 1];
+        for ms in 1..=len {
+            let rate = rate_at(outcome, ms as u64 - 1);
+            refill[ms] = refill[ms - 1] + rate / 1000.0;
+            added[ms] = outcome
+                .unmaskable
+                .iter()
+                .filter(|(at, _)| *at < ms as u64)
+                .map(|(_, n)| *n as f64)
+                .sum();
+        }
+        Self {
+            capacity,
+            ttl_ms,
+            refill,
+            added,
+        }
+    }
+
+    /// The refill before ms 0 counts at the first rate (the bucket may have been full then: the capacity).
+    fn refill_at(&self, ms: isize, first_rate: f64) -> f64 {
+        if ms >= 0 {
+            self.refill[usize::try_from(ms).unwrap_or(0).min(self.refill.len() - 1)]
+        } else {
+            ms as f64 * first_rate / 1000.0
+        }
+    }
+
+    fn bound(&self, from: usize, to: usize, first_rate: f64) -> f64 {
+        let start = from as isize - self.ttl_ms as isize;
+        self.capacity + self.refill_at(to as isize, first_rate) - self.refill_at(start, first_rate) + self.added[to]
+    }
+}
+
+fn rate_at(outcome: &Outcome, ms: u64) -> f64 {
+    outcome
+        .limits
+        .iter()
+        .take_while(|(at, _)| *at <= ms)
+        .last()
+        .map_or(0.0, |(_, l)| l.rate_per_s())
+}
+
+/// The most any window of at least [`SHORTEST_MS`] admitted over its bound, in tokens (above 0: over), in one
+/// pass: admitted(a, b) − bound(a, b) splits into a part of b minus a part of a.
+fn bucket_excess(prefix: &[u64], outcome: &Outcome) -> f64 {
+    let len = prefix.len() - 1;
+    let bound = BucketBound::new(outcome, len);
+    let first = rate_at(outcome, 0);
+    let mut best_start = f64::INFINITY;
+    let mut excess = f64::NEG_INFINITY;
+    for to in SHORTEST_MS..=len {
+        let from = to - SHORTEST_MS;
+        let start = prefix[from] as f64 - bound.refill_at(from as isize - bound.ttl_ms as isize, first);
+        best_start = best_start.min(start);
+        let end = prefix[to] as f64 - bound.refill_at(to as isize, first) - bound.added[to];
+        excess = excess.max(end - best_start - bound.capacity);
+    }
+    excess
+}
+
+/// The window of a token bucket with the largest admitted over bound, at 10 ms steps.
+fn bucket_worst(prefix: &[u64], outcome: &Outcome) -> Worst {
+    let len = prefix.len() - 1;
+    let bound = BucketBound::new(outcome, len);
+    let first = rate_at(outcome, 0);
+    let mut worst = Worst::default();
+    for from in (0..len).step_by(10) {
+        for to in (from + SHORTEST_MS..=len).step_by(10) {
+            let admitted = prefix[to] - prefix[from];
+            let b = bound.bound(from, to, first);
+            let ratio = admitted as f64 / b;
+            if ratio > worst.ratio {
+                worst = Worst {
+                    ratio,
+                    from_ms: from,
+                    length_ms: to - from,
+                    admitted,
+                    bound: b,
+                };
+            }
+        }
+    }
+    worst
+}
+
+/// A window rule's worst window against its limit.
+fn window_worst(scenario: &Scenario, prefix: &[u64], outcome: &Outcome) -> Worst {
+    let len = prefix.len() - 1;
+    let added = |to: usize| -> f64 {
+        outcome
+            .unmaskable
+            .iter()
+            .filter(|(at, _)| (*at as usize) < to)
+            .map(|(_, n)| *n as f64)
+            .sum()
+    };
+    let mut worst = Worst::default();
+    // What a caller counted in [from + reply, to) the store granted in [from, to).
+    let mut consider = |from: usize, to: usize, bound: f64| {
+        let (from, to) = ((from + outcome.reply_ms).min(len), to.min(len));
+        if from >= to {
+            return;
+        }
+        let admitted = prefix[to] - prefix[from];
+        let bound = bound + added(to);
+        let ratio = admitted as f64 / bound;
+        if ratio > worst.ratio {
+            worst = Worst {
+                ratio,
+                from_ms: from,
+                length_ms: to - from,
+                admitted,
+                bound,
+            };
+        }
+    };
+    match &scenario.limit {
+        Limit::SlidingLog { limit, window } => {
+            let w = usize::try_from(window.as_millis()).unwrap_or(usize::MAX);
+            for from in 0..len {
+                consider(from, from + w, *limit as f64);
+            }
+        }
+        Limit::SlidingWindow {
+            limit,
+            window,
+            sub_buckets,
+        } => {
+            let w = usize::try_from(window.as_millis()).unwrap_or(usize::MAX);
+            let sub = w / usize::try_from(*sub_buckets).unwrap_or(1).max(1);
+            for from in (0..len).step_by(sub.max(1)) {
+                consider(from, from + w, *limit as f64);
+            }
+        }
+        Limit::FixedWindow { limit, window } => {
+            let w = usize::try_from(window.as_millis()).unwrap_or(usize::MAX);
+            for from in 0..len {
+                consider(from, from + w, 2.0 * *limit as f64);
+            }
+            consider(0, len, (len.div_ceil(w.max(1)) + 1) as f64 * *limit as f64);
+        }
+        Limit::TokenBucket { .. } => {}
+    }
+    worst
+}
+
+/// Sold over what could sell, from [`SETTLE_MS`] after the last fault healed to the end of the run.
+fn sell_through(scenario: &Scenario, outcome: &Outcome, prefix: &[u64]) -> Option<f64> {
+    let from = scenario.healed_ms() + SETTLE_MS;
+    let to = scenario.duration_ms;
+    // A fleet whose every process was killed sells nothing, rightly.
+    if to < from + TAIL_MS || outcome.alive == 0 {
+        return None;
+    }
+    let demand: f64 = (from..to).map(|ms| scenario.demand_at(ms) as f64 / 1000.0).sum();
+    let rate: f64 = (from..to).map(|ms| rate_at(outcome, ms) / 1000.0).sum();
+    let at = |ms: u64| prefix[usize::try_from(ms).unwrap_or(usize::MAX).min(prefix.len() - 1)];
+    let mut could = demand.min(rate);
+    if let Limit::TokenBucket { .. } = scenario.limit {
+        // What the whole run's bound leaves once what was sold before the tail is counted (a fleet that sold on
+        // credit during an outage repays it now).
+        let bound = BucketBound::new(outcome, prefix.len() - 1);
+        let left = bound.bound(0, usize::try_from(to).unwrap_or(0), rate_at(outcome, 0)) - at(from) as f64;
+        could = could.min(left.max(0.0));
+    }
+    let sold = (at(to) - at(from)) as f64;
+    (could >= 1.0).then(|| sold / could)
+}

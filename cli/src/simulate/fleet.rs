@@ -1,0 +1,342 @@
+//! A [`Scenario`] run on the real engine: its processes are limiters of this crate on one paused tokio runtime,
+//! each calling the shared in-process store through its own link of a [`Faults`], which the schedule breaks and
+//! mends. What each process admitted is counted per millisecond at the time its caller learned it.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokenlease::{Clock, Config, Decision, Error, Faults, Limiter, LinkFault, RuleHandle, StoreFault, TokioClock};
+
+use super::scenario::{Event, Fault, Limit, Scenario};
+
+/// What a run gave the checks.
+#[derive(Debug, Default)]
+pub(super) struct Outcome {
+    /// Tokens admitted in each ms since the start, at the ms the caller learned it.
+    pub(super) admitted_ms: Vec<u64>,
+    /// The limit from each ms on: the first at 0, then each reload's.
+    pub(super) limits: Vec<(u64, Limit)>,
+    /// What faults no limiter on that store can mask added, from a ms on: (ms, tokens).
+    pub(super) unmaskable: Vec<(u64, u64)>,
+    /// The longest a granted answer takes to reach its caller, in ms: a caller counts it that much after the store
+    /// granted it (the reply's half of the round trip; a caller's store timeout where a slow link or a stopped
+    /// process delays replies, as a later one is a timeout).
+    pub(super) reply_ms: usize,
+    pub(super) decisions: u64,
+    pub(super) errors: u64,
+    pub(super) store_calls: u64,
+    /// Processes alive at the end (started and not killed).
+    pub(super) alive: usize,
+}
+
+/// The store timeout of every process: a call answered later fails.
+const CALL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// A process's life, as its callers see it.
+const RUNNING: u8 = 0;
+const PAUSED: u8 = 1;
+const KILLED: u8 = 2;
+
+/// Shared by the drivers: the tally and each process's life.
+struct Tally {
+    start: tokio::time::Instant,
+    admitted: RefCell<Vec<u64>>,
+    decisions: RefCell<(u64, u64)>,
+}
+
+impl Tally {
+    fn record(&self, life: &AtomicU8, result: Result<Decision, Error>) {
+        // A killed process admitted nothing after its death: a decision it finished then never reached a client.
+        if life.load(Ordering::Relaxed) == KILLED {
+            return;
+        }
+        let mut d = self.decisions.borrow_mut();
+        d.0 += 1;
+        match result {
+            Ok(decision) if decision.allowed => {
+                let ms = usize::try_from(self.start.elapsed().as_millis()).unwrap_or(usize::MAX);
+                let mut admitted = self.admitted.borrow_mut();
+                if admitted.len() <= ms {
+                    admitted.resize(ms + 1, 0);
+                }
+                admitted[ms] += 1;
+            }
+            Ok(_) => {}
+            Err(_) => d.1 += 1,
+        }
+    }
+}
+
+struct Process {
+    limiter: Option<Limiter>,
+    life: Arc<AtomicU8>,
+}
+
+/// Runs `scenario` to its end on a paused current-thread runtime.
+pub(super) fn run(scenario: &Scenario) -> Result<Outcome, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let local = tokio::task::LocalSet::new();
+    runtime.block_on(local.run_until(simulate(scenario)))
+}
+
+async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    let faults = Faults::new(clock.clone(), Duration::from_millis(scenario.rtt_ms), CALL_TIMEOUT);
+    let tally = Rc::new(Tally {
+        start: tokio::time::Instant::now(),
+        admitted: RefCell::new(vec![0; usize::try_from(scenario.duration_ms).unwrap_or(0) + 1000]),
+        decisions: RefCell::new((0, 0)),
+    });
+    let alive = Arc::new(AtomicUsize::new(0));
+    let mut limit = scenario.limit.clone();
+    let mut outcome = Outcome {
+        limits: vec![(0, limit.clone())],
+        ..Outcome::default()
+    };
+    let delayed = scenario
+        .faults
+        .iter()
+        .any(|e| matches!(e.fault, Fault::Slow(..) | Fault::Paused(_)));
+    outcome.reply_ms = if delayed {
+        usize::try_from(CALL_TIMEOUT.as_millis()).unwrap_or(usize::MAX)
+    } else {
+        usize::try_from(scenario.rtt_ms - scenario.rtt_ms / 2).unwrap_or(0)
+    };
+    let mut fleet: Vec<Process> = Vec::new();
+    let total = scenario.processes + scenario.joiners.iter().map(|(_, n)| n).sum::<usize>();
+    let start = |fleet: &mut Vec<Process>, limit: &Limit| -> Result<(), String> {
+        let i = fleet.len();
+        let limiter = Limiter::builder()
+            .rule(limit.rule(scenario.mode)?)
+            .store(faults.link(i))
+            .clock(clock.clone())
+            .expected_processes(scenario.expected)
+            .timeout(CALL_TIMEOUT)
+            .member(format!("p{i}"))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let handle = limiter.rule("r").map_err(|e| e.to_string())?;
+        let life = Arc::new(AtomicU8::new(RUNNING));
+        alive.fetch_add(1, Ordering::Relaxed);
+        let driver = Driver {
+            handle,
+            life: life.clone(),
+            tally: tally.clone(),
+            alive: alive.clone(),
+            weight: weight(scenario, i, total),
+        };
+        tokio::task::spawn_local(driver.run(scenario.clone()));
+        fleet.push(Process {
+            limiter: Some(limiter),
+            life,
+        });
+        Ok(())
+    };
+    for _ in 0..scenario.processes {
+        start(&mut fleet, &limit)?;
+    }
+
+    let mut store_faults: Vec<(usize, StoreFault)> = Vec::new();
+    for (at, action) in actions(scenario) {
+        tokio::time::sleep_until(tally.start + Duration::from_millis(at)).await;
+        match action {
+            Action::Join(n) => {
+                for _ in 0..n {
+                    start(&mut fleet, &limit)?;
+                }
+            }
+            Action::Begin(i, event) => match event.fault {
+                Fault::StoreRefusing | Fault::StoreHanging | Fault::StoreFrozen | Fault::StoreLosingReplies => {
+                    store_faults.push((i, store_fault(event.fault)));
+                    faults.set_store(store_fault(event.fault));
+                }
+                Fault::Partitioned(p) => faults.set_link(p, LinkFault::Partitioned),
+                Fault::Refused(p) => faults.set_link(p, LinkFault::Refused),
+                Fault::Slow(p, ms) => faults.set_latency(p, Duration::from_millis(ms)),
+                Fault::Paused(p) => {
+                    if let Some(process) = fleet.get(p) {
+                        let _ = process
+                            .life
+                            .compare_exchange(RUNNING, PAUSED, Ordering::Relaxed, Ordering::Relaxed);
+                    }
+                    faults.set_paused(p, true);
+                }
+                Fault::Killed(p) => {
+                    if let Some(process) = fleet.get_mut(p) {
+                        if process.life.swap(KILLED, Ordering::Relaxed) != KILLED {
+                            alive.fetch_sub(1, Ordering::Relaxed);
+                        }
+                        // Dropped without a shutdown: nothing is given back or charged.
+                        process.limiter = None;
+                    }
+                    faults.kill(p);
+                }
+                Fault::ClockStep(ms) => {
+                    faults.step_clock(Duration::from_millis(ms));
+                    outcome.unmaskable.push((at, step_adds(&limit, ms)));
+                }
+                Fault::Rollback => faults.snapshot(),
+                Fault::Reload(factor) => {
+                    limit = limit.scaled(factor);
+                    outcome.limits.push((at, limit.clone()));
+                    let mut config = Config::in_memory(vec![limit.rule(scenario.mode)?]);
+                    config.fail_mode = scenario.mode;
+                    for limiter in fleet.iter().filter_map(|p| p.limiter.as_ref()) {
+                        limiter.reload(config.clone()).map_err(|e| e.to_string())?;
+                    }
+                }
+            },
+            Action::End(i, event) => match event.fault {
+                Fault::StoreRefusing | Fault::StoreHanging | Fault::StoreFrozen | Fault::StoreLosingReplies => {
+                    store_faults.retain(|(j, _)| *j != i);
+                    faults.set_store(store_faults.last().map_or(StoreFault::Healthy, |(_, f)| *f));
+                }
+                Fault::Partitioned(p) | Fault::Refused(p) => faults.set_link(p, LinkFault::Up),
+                Fault::Slow(p, _) => faults.set_latency(p, Duration::ZERO),
+                Fault::Paused(p) => {
+                    if let Some(process) = fleet.get(p) {
+                        let _ = process
+                            .life
+                            .compare_exchange(PAUSED, RUNNING, Ordering::Relaxed, Ordering::Relaxed);
+                    }
+                    faults.set_paused(p, false);
+                }
+                Fault::Rollback => outcome.unmaskable.push((at, faults.rollback())),
+                Fault::Killed(_) | Fault::ClockStep(_) | Fault::Reload(_) => {}
+            },
+        }
+    }
+    tokio::time::sleep_until(tally.start + Duration::from_millis(scenario.duration_ms)).await;
+    // The callers stop at the end; what they still wait for finishes within the store's timeouts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A reload reaches the store with the first call carrying it: the bucket refills at the parameters of its
+    // last write until then.
+    for (at, limit) in outcome.limits.iter_mut().skip(1) {
+        if let Some(bucket) = limit.bucket(scenario.mode) {
+            *at = faults.applied_since(&bucket, *at).unwrap_or(*at);
+        }
+    }
+    outcome.store_calls = fleet
+        .iter()
+        .filter_map(|p| p.limiter.as_ref())
+        .map(|l| l.stats().store_calls)
+        .sum();
+    outcome.alive = alive.load(Ordering::Relaxed);
+    let (decisions, errors) = *tally.decisions.borrow();
+    outcome.decisions = decisions;
+    outcome.errors = errors;
+    outcome.admitted_ms = tally.admitted.borrow().clone();
+
+    Ok(outcome)
+}
+
+/// What a step of the store's clock by `ms` may let through: `min(capacity, rate × step)` of a token bucket; a
+/// window's limit (its window ends early once).
+fn step_adds(limit: &Limit, ms: u64) -> u64 {
+    match limit {
+        Limit::TokenBucket {
+            capacity, rate_per_s, ..
+        } => (*capacity).min(rate_per_s.saturating_mul(ms).div_ceil(1000)),
+        Limit::SlidingLog { limit, .. } | Limit::SlidingWindow { limit, .. } | Limit::FixedWindow { limit, .. } => {
+            *limit
+        }
+    }
+}
+
+fn store_fault(fault: Fault) -> StoreFault {
+    match fault {
+        Fault::StoreRefusing => StoreFault::Refusing,
+        Fault::StoreHanging => StoreFault::Hanging,
+        Fault::StoreFrozen => StoreFault::Frozen,
+        Fault::StoreLosingReplies => StoreFault::LosingReplies,
+        _ => StoreFault::Healthy,
+    }
+}
+
+/// A step of the schedule.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Join(usize),
+    Begin(usize, Event),
+    End(usize, Event),
+}
+
+/// The schedule's steps in time order (ties in the order drawn, beginnings before ends).
+fn actions(scenario: &Scenario) -> Vec<(u64, Action)> {
+    let mut steps: Vec<(u64, u8, usize, Action)> = Vec::new();
+    for (j, (at, n)) in scenario.joiners.iter().enumerate() {
+        steps.push((*at, 0, j, Action::Join(*n)));
+    }
+    for (i, e) in scenario.faults.iter().enumerate() {
+        steps.push((e.from_ms, 1, i, Action::Begin(i, *e)));
+        if !matches!(e.fault, Fault::Killed(_) | Fault::ClockStep(_) | Fault::Reload(_)) {
+            steps.push((e.until_ms, 2, i, Action::End(i, *e)));
+        }
+    }
+    steps.sort_by_key(|(at, order, i, _)| (*at, *order, *i));
+    steps.into_iter().map(|(at, _, _, a)| (at, a)).collect()
+}
+
+/// Process `i`'s weight in the demand: with a skew, the first tenth (at least one) carries half of it.
+fn weight(scenario: &Scenario, i: usize, total: usize) -> f64 {
+    let heavy = (total / 10).max(1);
+    if !scenario.skewed || heavy >= total {
+        return 1.0;
+    }
+    // Half the demand over `heavy` processes, half over the rest: a heavy one is worth (total - heavy) / heavy.
+    if i < heavy {
+        (total - heavy) as f64 / heavy as f64
+    } else {
+        1.0
+    }
+}
+
+/// One process's callers.
+struct Driver {
+    handle: RuleHandle,
+    life: Arc<AtomicU8>,
+    tally: Rc<Tally>,
+    alive: Arc<AtomicUsize>,
+    weight: f64,
+}
+
+impl Driver {
+    /// Decides at its share of the demand until the end or its death; a decision that waits finishes on a task
+    /// of its own.
+    async fn run(self, scenario: Scenario) {
+        let end = self.tally.start + Duration::from_millis(scenario.duration_ms);
+        let mut owed = 0.0;
+        let mut last = tokio::time::Instant::now();
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= end || self.life.load(Ordering::Relaxed) == KILLED {
+                return;
+            }
+            let at_ms = u64::try_from((now - self.tally.start).as_millis()).unwrap_or(u64::MAX);
+            let alive = self.alive.load(Ordering::Relaxed).max(1) as f64;
+            let per_s = scenario.demand_at(at_ms) as f64 * self.weight / alive;
+            if self.life.load(Ordering::Relaxed) == RUNNING {
+                owed += per_s * (now - last).as_secs_f64();
+            }
+            last = now;
+            while owed >= 1.0 {
+                owed -= 1.0;
+                let (handle, life, tally) = (self.handle.clone(), self.life.clone(), self.tally.clone());
+                tokio::task::spawn_local(async move {
+                    let result = handle.check("k", 1).await;
+                    tally.record(&life, result);
+                });
+            }
+            // The next decision's time, at least a ms away.
+            let wait = if per_s > 0.0 { (1.0 - owed) / per_s } else { 0.1 };
+            tokio::time::sleep(Duration::from_secs_f64(wait.clamp(0.001, 0.1))).await;
+        }
+    }
+}

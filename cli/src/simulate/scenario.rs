@@ -1,0 +1,335 @@
+//! One seed, one schedule: the fleet, the rule, the demand over time and the faults of a `simulate --seed` run,
+//! all drawn from the seed alone, so that the same seed replays the same run (FoundationDB's simulator and
+//! TigerBeetle's VOPR work this way).
+
+use std::fmt;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{RngExt as _, SeedableRng as _};
+use tokenlease::{Algorithm, FailMode, Lease, Rule, TokenBucket};
+
+/// The fail modes that promise the bound, which the seeds search.
+pub(super) const MODES: [FailMode; 2] = [FailMode::Closed, FailMode::Local];
+
+/// The limit the run enforces: its rule and what it promises.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Limit {
+    /// A token bucket, leased (`ttl` above zero) or not: at most `capacity + rate × (W + ttl)` in any window W.
+    TokenBucket {
+        capacity: u64,
+        rate_per_s: u64,
+        lease: Option<Lease>,
+    },
+    /// A sliding log: at most `limit` in any `window`.
+    SlidingLog { limit: u64, window: Duration },
+    /// A sliding-window counter: at most `limit` in any `sub_buckets` consecutive sub-buckets.
+    SlidingWindow {
+        limit: u64,
+        window: Duration,
+        sub_buckets: u64,
+    },
+    /// A rolling fixed window: at most `limit` in a window, so at most `limit × (⌈L / window⌉ + 1)` in any L.
+    FixedWindow { limit: u64, window: Duration },
+}
+
+impl Limit {
+    /// The rule, named `r`.
+    pub(super) fn rule(&self, mode: FailMode) -> Result<Rule, String> {
+        let rule = match self {
+            Self::TokenBucket {
+                capacity,
+                rate_per_s,
+                lease,
+            } => {
+                let rule = Rule::token_bucket("r", *capacity, *rate_per_s, Duration::from_secs(1));
+                match lease {
+                    Some(lease) => rule.and_then(|r| r.with_lease(*lease)),
+                    None => rule,
+                }
+            }
+            Self::SlidingLog { limit, window } => Rule::sliding_log("r", *limit, *window),
+            Self::SlidingWindow {
+                limit,
+                window,
+                sub_buckets,
+            } => Rule::sliding_window("r", *limit, *window, *sub_buckets),
+            Self::FixedWindow { limit, window } => Rule::fixed_window("r", *limit, *window),
+        };
+        rule.map(|r| r.with_fail_mode(mode)).map_err(|e| e.to_string())
+    }
+
+    /// A token bucket's parameters as its calls carry them.
+    pub(super) fn bucket(&self, mode: FailMode) -> Option<TokenBucket> {
+        match self.rule(mode).ok()?.algorithm {
+            Algorithm::TokenBucket { bucket, .. } => Some(bucket),
+            _ => None,
+        }
+    }
+
+    /// Tokens a second the limit lets through in the long run.
+    pub(super) fn rate_per_s(&self) -> f64 {
+        match self {
+            Self::TokenBucket { rate_per_s, .. } => *rate_per_s as f64,
+            Self::SlidingLog { limit, window }
+            | Self::SlidingWindow { limit, window, .. }
+            | Self::FixedWindow { limit, window } => *limit as f64 / window.as_secs_f64(),
+        }
+    }
+
+    /// The same limit with its rate multiplied by `factor` (a reload), at least 1 a second.
+    pub(super) fn scaled(&self, factor: f64) -> Self {
+        let mut limit = self.clone();
+        if let Self::TokenBucket { rate_per_s, .. } = &mut limit {
+            *rate_per_s = ((*rate_per_s as f64 * factor).round() as u64).max(1);
+        }
+        limit
+    }
+}
+
+/// What goes wrong, and to whom.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Fault {
+    /// The store refuses every call (down).
+    StoreRefusing,
+    /// The store answers nothing and applies nothing (a black hole).
+    StoreHanging,
+    /// The store is stopped (`SIGSTOP`): calls queue and run at the thaw.
+    StoreFrozen,
+    /// The store applies calls and loses their replies.
+    StoreLosingReplies,
+    /// One process's link carries nothing.
+    Partitioned(usize),
+    /// One process cannot connect.
+    Refused(usize),
+    /// One process's round trip grows by this many ms.
+    Slow(usize, u64),
+    /// One process is stopped (`SIGSTOP`).
+    Paused(usize),
+    /// One process is killed (`kill -9`) at the start; the end means nothing.
+    Killed(usize),
+    /// The store's clock steps ahead by this many ms at the start.
+    ClockStep(u64),
+    /// A replica's copy is taken at the start and the store fails over to it at the end.
+    Rollback,
+    /// Every process reloads the rule with its rate times this factor at the start.
+    Reload(f64),
+}
+
+/// A fault from `from` to `until` (ms since the start).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Event {
+    pub(super) from_ms: u64,
+    pub(super) until_ms: u64,
+    pub(super) fault: Fault,
+}
+
+/// One run: everything a seed decides.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Scenario {
+    pub(super) seed: u64,
+    pub(super) mode: FailMode,
+    pub(super) limit: Limit,
+    /// Processes at the start.
+    pub(super) processes: usize,
+    /// Processes started later: (when, in ms since the start, how many).
+    pub(super) joiners: Vec<(u64, usize)>,
+    /// `expected_processes` given to every limiter.
+    pub(super) expected: u32,
+    /// Demand on the key across the fleet: (from, in ms since the start, decisions a second), in order.
+    pub(super) demand: Vec<(u64, u64)>,
+    /// Whether a tenth of the processes (at least one) carries half the demand.
+    pub(super) skewed: bool,
+    /// The store's round trip, in ms.
+    pub(super) rtt_ms: u64,
+    pub(super) duration_ms: u64,
+    pub(super) faults: Vec<Event>,
+}
+
+impl Scenario {
+    /// The run of `seed` under `mode` (the seed draws everything else).
+    pub(super) fn draw(seed: u64, mode: FailMode) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let limit = draw_limit(&mut rng);
+        let processes = [1, 2, 3, 4, 4, 6, 8, 8, 12, 16, 24, 32, 48, 64][rng.random_range(0..14usize)];
+        let duration_ms = rng.random_range(6..=14u64) * 1000;
+        let token_bucket = matches!(limit, Limit::TokenBucket { .. });
+        // Window rules are checked to the millisecond on the times their callers learn the answer: the store
+        // answers them at once, so that is when it counted them.
+        let rtt_ms = if token_bucket { rng.random_range(0..=3u64) } else { 0 };
+        let mut demand = Vec::new();
+        let mut at = 0;
+        while at < duration_ms {
+            let factor = [0.3, 0.8, 1.1, 1.5, 3.0, 10.0][rng.random_range(0..6usize)];
+            let per_s = ((limit.rate_per_s() * factor).round() as u64).max(1);
+            demand.push((at, per_s));
+            at += rng.random_range(1..=5u64) * 1000;
+        }
+        let mut joiners = Vec::new();
+        if rng.random_bool(0.3) {
+            joiners.push((
+                rng.random_range(500..duration_ms - 2000),
+                rng.random_range(1..=processes.max(2)),
+            ));
+        }
+        let total = processes + joiners.iter().map(|(_, n)| n).sum::<usize>();
+        let expected = if rng.random_bool(0.7) {
+            u32::try_from(processes).unwrap_or(u32::MAX)
+        } else {
+            rng.random_range(1..=8u32)
+        };
+        let count = rng.random_range(0..=4usize);
+        let faults = (0..count)
+            .map(|_| draw_event(&mut rng, total, duration_ms, token_bucket))
+            .collect();
+        Self {
+            seed,
+            mode,
+            limit,
+            processes,
+            joiners,
+            expected,
+            demand,
+            skewed: rng.random_bool(0.3),
+            rtt_ms,
+            duration_ms,
+            faults,
+        }
+    }
+
+    /// When the last fault heals (ms since the start; 0 without faults).
+    pub(super) fn healed_ms(&self) -> u64 {
+        self.faults
+            .iter()
+            .map(|e| match e.fault {
+                Fault::Killed(_) | Fault::ClockStep(_) | Fault::Reload(_) => e.from_ms,
+                _ => e.until_ms,
+            })
+            .chain(self.joiners.iter().map(|(at, _)| *at))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The demand at `at_ms`, decisions a second across the fleet.
+    pub(super) fn demand_at(&self, at_ms: u64) -> u64 {
+        self.demand
+            .iter()
+            .take_while(|(from, _)| *from <= at_ms)
+            .last()
+            .map_or(0, |(_, d)| *d)
+    }
+
+    /// This scenario with only the faults kept by `keep` (for reducing a failing seed).
+    pub(super) fn with_faults(&self, keep: impl Fn(usize) -> bool) -> Self {
+        let mut reduced = self.clone();
+        reduced.faults = self
+            .faults
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+            .map(|(_, e)| *e)
+            .collect();
+        reduced
+    }
+}
+
+fn draw_limit(rng: &mut SmallRng) -> Limit {
+    let window = Duration::from_secs(rng.random_range(1..=4u64));
+    let limit = rng.random_range(5..=200u64);
+    match rng.random_range(0..10u32) {
+        0..=3 => {
+            let capacity = rng.random_range(10..=2000u64);
+            let min_batch = rng.random_range(1..=10u64).min(capacity);
+            let max_batch = rng.random_range(min_batch..=capacity.min(500));
+            Limit::TokenBucket {
+                capacity,
+                rate_per_s: rng.random_range(10..=1000u64),
+                lease: Some(Lease {
+                    min_batch,
+                    max_batch,
+                    ttl: Duration::from_millis(rng.random_range(1..=5u64) * 100),
+                    hot_after: rng.random_bool(0.2).then_some(1),
+                }),
+            }
+        }
+        4 | 5 => Limit::TokenBucket {
+            capacity: rng.random_range(1..=500u64),
+            rate_per_s: rng.random_range(5..=500u64),
+            lease: None,
+        },
+        6 => Limit::SlidingLog { limit, window },
+        7 | 8 => Limit::SlidingWindow {
+            limit,
+            window,
+            sub_buckets: [1, 2, 4, 5, 10][rng.random_range(0..5usize)],
+        },
+        _ => Limit::FixedWindow { limit, window },
+    }
+}
+
+fn draw_event(rng: &mut SmallRng, processes: usize, duration_ms: u64, token_bucket: bool) -> Event {
+    let from_ms = rng.random_range(300..duration_ms.saturating_sub(2000).max(301));
+    let length = [100, 300, 800, 1500, 3000, 5000][rng.random_range(0..6usize)];
+    let until_ms = (from_ms + length).min(duration_ms);
+    let p = rng.random_range(0..processes.max(1));
+    let kinds = if token_bucket { 12 } else { 10 };
+    let fault = match rng.random_range(0..kinds) {
+        0 => Fault::StoreRefusing,
+        1 => Fault::StoreHanging,
+        2 => Fault::StoreFrozen,
+        3 => Fault::StoreLosingReplies,
+        4 => Fault::Partitioned(p),
+        5 => Fault::Refused(p),
+        6 => Fault::Paused(p),
+        7 => Fault::Killed(p),
+        8 => Fault::ClockStep(length),
+        9 => Fault::Rollback,
+        10 => Fault::Slow(p, [20, 60, 300][rng.random_range(0..3usize)]),
+        _ => Fault::Reload([0.1, 0.5, 2.0][rng.random_range(0..3usize)]),
+    };
+    Event {
+        from_ms,
+        until_ms,
+        fault,
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {} fail_mode {} | {} processes (expected_processes {}){} | rtt {} ms | {} s",
+            self.seed,
+            self.mode.as_str(),
+            self.processes,
+            self.expected,
+            if self.skewed {
+                ", a tenth carry half the demand"
+            } else {
+                ""
+            },
+            self.rtt_ms,
+            self.duration_ms / 1000
+        )?;
+        writeln!(f, "  rule: {:?}", self.limit)?;
+        let demand: Vec<String> = self
+            .demand
+            .iter()
+            .map(|(at, d)| format!("{:.1}s {d}/s", *at as f64 / 1000.0))
+            .collect();
+        writeln!(f, "  demand: {}", demand.join(", "))?;
+        for (at, n) in &self.joiners {
+            writeln!(f, "  {:.1}s: {n} processes start", *at as f64 / 1000.0)?;
+        }
+        for e in &self.faults {
+            writeln!(
+                f,
+                "  {:.1}s-{:.1}s: {:?}",
+                e.from_ms as f64 / 1000.0,
+                e.until_ms as f64 / 1000.0,
+                e.fault
+            )?;
+        }
+        Ok(())
+    }
+}
