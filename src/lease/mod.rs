@@ -10,3 +10,7 @@ pub(crate) mod heat;
 pub(crate) mod nearby;
 pub(crate) mod schedule;
 pub(crate) mod shards;
+
+// The hot path's races under the loom model checker: built only with `--cfg tokenlease_loom` (scripts/test.sh).
+#[cfg(all(test, tokenlease_loom))]
+mod loom_tests;

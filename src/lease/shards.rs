@@ -9,12 +9,30 @@
 //!
 //! Tokens only move between shards, never appear: every token taken was added, and the sum is what the lease
 //! book attributes to its batches (`lease/bucket.rs`). A steal holds the tokens it moves between two shards for
-//! an instant, so [`Shards::total`] sums the shards only while no move is under way: a sum that missed them would
-//! let a lease's expiry forget tokens of an expired batch, to be spent after its TTL.
+//! an instant, so [`Shards::total`] sums the shards, and [`Shards::remove`] ends a pass that fell short, only
+//! while no move is under way: a sum or a removal that missed them would let a lease's expiry forget tokens of an
+//! expired batch, to be spent after its TTL.
+//!
+//! Under `--cfg tokenlease_loom` the atomics, the home shard's thread-local and the retries' waits are loom's,
+//! and a key has two shards, so that the model checker runs these races (`lease/loom_tests.rs`); the normal
+//! build uses std's.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+#[cfg(not(tokenlease_loom))]
+use std::sync::{atomic::AtomicUsize, OnceLock};
+#[cfg(not(tokenlease_loom))]
+use std::{
+    hint,
+    sync::atomic::{AtomicU64, Ordering},
+    thread,
+};
+
+#[cfg(tokenlease_loom)]
+use loom::{
+    hint,
+    sync::atomic::{AtomicU64, Ordering},
+    thread,
+};
 
 use crossbeam_utils::CachePadded;
 
@@ -73,6 +91,7 @@ impl Counts {
 
 /// How many shards a key has: the cores, rounded up to a power of two, at most 16 (a shard is a cache line
 /// pair, 128 bytes, per hot key).
+#[cfg(not(tokenlease_loom))]
 fn shard_count() -> usize {
     static COUNT: OnceLock<usize> = OnceLock::new();
     *COUNT.get_or_init(|| {
@@ -83,7 +102,14 @@ fn shard_count() -> usize {
     })
 }
 
+/// Two shards under the model checker: enough for a move from a shard a sum has not read yet to one it has.
+#[cfg(tokenlease_loom)]
+fn shard_count() -> usize {
+    2
+}
+
 /// This thread's home shard index (before masking).
+#[cfg(not(tokenlease_loom))]
 #[inline]
 fn home() -> usize {
     thread_local! {
@@ -98,6 +124,34 @@ fn home() -> usize {
         }
         i
     })
+}
+
+#[cfg(tokenlease_loom)]
+loom::thread_local! {
+    /// A model thread's home shard index: 0 unless the model sets it ([`set_home`]).
+    static LOOM_HOME: Cell<usize> = Cell::new(0);
+}
+
+/// This model thread's home shard index (before masking).
+#[cfg(tokenlease_loom)]
+fn home() -> usize {
+    LOOM_HOME.with(Cell::get)
+}
+
+/// Makes shard `i` this model thread's home.
+#[cfg(all(test, tokenlease_loom))]
+pub(crate) fn set_home(i: usize) {
+    LOOM_HOME.with(|h| h.set(i));
+}
+
+/// Waits before the `tries`-th retry of a sum or a removal that a move overlapped: a spin, a yield every 64.
+#[inline]
+fn backoff(tries: u32) {
+    if tries.is_multiple_of(64) {
+        thread::yield_now();
+    } else {
+        hint::spin_loop();
+    }
 }
 
 /// Takes up to `want` tokens from `shard`; returns how many.
@@ -216,16 +270,29 @@ impl Shards {
         home.tokens.fetch_add(n - each * len, Ordering::AcqRel);
     }
 
-    /// Removes up to `n` tokens from wherever they are; returns how many were removed.
+    /// Removes up to `n` tokens from wherever they are; returns how many were removed: `n` when the shards hold
+    /// that many besides what the decisions under way take. A pass over the shards while a steal moves tokens
+    /// from a shard not yet read to one already read would miss them, so a pass that fell short is made again
+    /// until no move started or was under way while it was made (the check of [`Shards::total`]): an expiry
+    /// that removed less than it asked would leave tokens of an expired batch to be spent after its TTL.
     pub(crate) fn remove(&self, n: u64) -> u64 {
         let mut removed = 0;
-        for shard in self.shards.iter() {
-            if removed == n {
-                break;
+        let mut tries = 0_u32;
+        loop {
+            let started = self.moves.started.load(Ordering::SeqCst);
+            let idle = self.moves.finished.load(Ordering::SeqCst) == started;
+            for shard in self.shards.iter() {
+                if removed == n {
+                    return removed;
+                }
+                removed += take_up_to(shard, n - removed);
             }
-            removed += take_up_to(shard, n - removed);
+            if removed == n || (idle && self.moves.started.load(Ordering::SeqCst) == started) {
+                return removed;
+            }
+            tries += 1;
+            backoff(tries);
         }
-        removed
     }
 
     /// Removes every token; returns how many.
@@ -254,11 +321,7 @@ impl Shards {
                 return sum;
             }
             tries += 1;
-            if tries.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff(tries);
         }
     }
 
@@ -283,7 +346,25 @@ impl Shards {
     }
 }
 
-#[cfg(test)]
+/// The model checker's handles on the shards (`lease/loom_tests.rs`).
+#[cfg(all(test, tokenlease_loom))]
+impl Shards {
+    /// Shards holding `tokens` (a power of two of them).
+    pub(crate) fn holding(tokens: &[u64]) -> Self {
+        assert!(tokens.len().is_power_of_two());
+        let shard = |&t| {
+            let s = Shard::default();
+            s.tokens.store(t, Ordering::Relaxed);
+            CachePadded::new(s)
+        };
+        Self {
+            shards: tokens.iter().map(shard).collect(),
+            moves: CachePadded::new(Moves::default()),
+        }
+    }
+}
+
+#[cfg(all(test, not(tokenlease_loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;
