@@ -10,6 +10,7 @@
 
 mod check;
 mod fleet;
+mod named;
 mod report;
 mod scenario;
 mod seeds;
@@ -35,11 +36,16 @@ pub struct Args {
     /// Processes: limiters of this crate sharing the store, as processes share a Redis.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     processes: u32,
-    /// Runs the fleet, rule, demand and faults that this seed draws (the options above and below but `--mode`,
-    /// `--min-sell` and `--json` are not used), checks every window and the sell-through after healing, and
-    /// prints the schedule and the command that replays it. The same seed gives the same run.
+    /// Runs the fleet, rule, demand and faults that this seed draws (`--rule` with `--config`: that rule
+    /// instead; the other options but `--mode`, `--min-sell` and `--json` are not used), checks every window and
+    /// the sell-through after healing, and prints the schedule and the command that replays it. The same seed
+    /// gives the same run.
     #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
+    /// Runs a named scenario: one of the paths over the bound that reviews found (`all`: every one; the list
+    /// is in docs/ARCHITECTURE.md, Known limits), checked as a seed's run.
+    #[arg(long, conflicts_with_all = ["seed", "seeds"])]
+    scenario: Option<String>,
     /// Runs every seed of a range `A..B` (B excluded) on every core, and prints the failing ones reduced to the
     /// fewest faults that still fail; exits 1 when one failed.
     #[arg(long)]
@@ -75,9 +81,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// Whether the run is drawn from seeds (`--seed`, `--seeds`).
+    /// Whether the run is a schedule of faults (`--seed`, `--seeds`, `--scenario`).
     pub fn is_seeded(&self) -> bool {
-        self.seed.is_some() || self.seeds.is_some()
+        self.seed.is_some() || self.seeds.is_some() || self.scenario.is_some()
     }
 }
 
@@ -86,10 +92,11 @@ const KEY: &str = "sku:sale";
 
 /// Runs the simulation and prints its figures; exits 1 when a window admitted more than its bound.
 pub fn run(args: Args) -> Result<ExitCode, String> {
+    let own = own_rule(&args)?;
     if let Some(seed) = args.seed {
         let mut exit = ExitCode::SUCCESS;
         for mode in seeds::modes(args.mode) {
-            let run = seeds::run_one(&scenario::Scenario::draw(seed, mode), true)?;
+            let run = seeds::run_one(&scenario::Scenario::draw(seed, mode, own.as_ref()), true)?;
             seeds::print(&run, args.json);
             if run.verdict.over {
                 exit = ExitCode::FAILURE;
@@ -97,12 +104,31 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         }
         return Ok(exit);
     }
+    if let Some(name) = &args.scenario {
+        let names: Vec<&str> = if name == "all" {
+            named::NAMES.iter().map(|(n, _)| *n).collect()
+        } else {
+            vec![name.as_str()]
+        };
+        let mut exit = ExitCode::SUCCESS;
+        for name in names {
+            for mode in seeds::modes(args.mode) {
+                let run = seeds::run_one(&named::scenario(name, mode)?, true)?;
+                seeds::print(&run, args.json);
+                if run.verdict.over {
+                    exit = ExitCode::FAILURE;
+                }
+            }
+        }
+        return Ok(exit);
+    }
     if let Some(range) = &args.seeds {
+        let modes = seeds::modes(args.mode);
         return seeds::run_range(
             seeds::parse_range(range)?,
-            &seeds::modes(args.mode),
-            args.min_sell,
-            args.json,
+            &modes,
+            own.as_ref(),
+            (args.min_sell, args.json),
         );
     }
     let config = crate::flash_sale::load_config(&args.config, Some("memory"))?;
@@ -132,6 +158,26 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// With `--seed`/`--seeds`, the rule named by `--rule` (in `--config`) in place of the seeds' own.
+fn own_rule(args: &Args) -> Result<Option<scenario::Own>, String> {
+    let Some(name) = args.rule.as_deref() else {
+        return Ok(None);
+    };
+    if !args.is_seeded() || args.scenario.is_some() {
+        return Ok(None);
+    }
+    let config = crate::flash_sale::load_config(&args.config, Some("memory"))?;
+    let rule = config
+        .rule(name)
+        .ok_or_else(|| format!("no rule `{name}` in {}", args.config.display()))?;
+    let limit = scenario::Limit::of(rule)
+        .ok_or_else(|| format!("rule `{name}` is a leaky-bucket queue: the seeds do not run queues yet"))?;
+    Ok(Some(scenario::Own {
+        limit,
+        args: format!(" --config {} --rule {name}", args.config.display()),
+    }))
 }
 
 fn parse_mode(text: &str) -> Result<FailMode, String> {

@@ -22,7 +22,7 @@ use tokio::sync::{oneshot, watch};
 use super::call::{Call, Op};
 use super::memory::Snapshot;
 use super::{BoxFuture, MemoryStore, Store};
-use crate::algorithm::{Reply, TokenBucket};
+use crate::algorithm::Reply;
 use crate::clock::Clock;
 use crate::decision::Source;
 use crate::error::{StoreError, StoreErrorKind};
@@ -86,13 +86,7 @@ struct World {
     frozen: VecDeque<(Call, oneshot::Sender<Result<Reply, StoreError>>)>,
     /// The state kept by [`Faults::snapshot`], with the tokens granted since.
     snapshot: Option<(Snapshot, u64)>,
-    /// When (ms of the fleet's clock) a token-bucket call first carried other parameters than the one applied
-    /// before it, and the parameters: where a reload reached the store. At most [`PARAMETER_CHANGES`].
-    parameters: Vec<(u64, TokenBucket)>,
 }
-
-/// Parameter changes kept by [`Faults`] at most.
-const PARAMETER_CHANGES: usize = 10_000;
 
 /// The store's clock: the clock the fleet runs on, stepped ahead by [`Faults::step_clock`].
 #[derive(Debug)]
@@ -179,7 +173,6 @@ impl Faults {
             links: Vec::new(),
             frozen: VecDeque::new(),
             snapshot: None,
-            parameters: Vec::new(),
         };
         let shared = Shared {
             store,
@@ -277,18 +270,6 @@ impl Faults {
         }
     }
 
-    /// When (ms of the fleet's clock, unstepped) the store first applied a token-bucket call carrying `bucket`'s
-    /// parameters at or after `since_ms`, after one that carried others: where a reload took effect in the store
-    /// (a bucket refills at the parameters of its last write until the next). `None` if no such call came.
-    pub fn applied_since(&self, bucket: &TokenBucket, since_ms: u64) -> Option<u64> {
-        let world = self.shared.world();
-        world
-            .parameters
-            .iter()
-            .find(|(at, b)| *at >= since_ms && b == bucket)
-            .map(|(at, _)| *at)
-    }
-
     /// The store itself (what the fleet shares), to read its keys.
     pub fn store(&self) -> &MemoryStore {
         &self.shared.store
@@ -304,11 +285,6 @@ impl Shared {
     /// Applies `call` to the store, counting what it granted toward the snapshot's lost span.
     fn apply(&self, world: &mut World, call: &Call) -> Result<Reply, StoreError> {
         let result = self.store.run_sync(call);
-        if let Some(bucket) = parameters(&call.op) {
-            if world.parameters.last().is_none_or(|(_, b)| b != bucket) && world.parameters.len() < PARAMETER_CHANGES {
-                world.parameters.push((self.clock.inner.now_ms(), *bucket));
-            }
-        }
         if let (Ok(reply), Some((_, granted))) = (&result, world.snapshot.as_mut()) {
             if takes(&call.op) {
                 *granted += reply.granted;
@@ -400,18 +376,6 @@ fn takes(op: &Op) -> bool {
         op,
         Op::TokenReturn { .. } | Op::LeakyReturn { .. } | Op::Fleet(_) | Op::Reset
     )
-}
-
-/// The parameters a token-bucket call carries.
-fn parameters(op: &Op) -> Option<&TokenBucket> {
-    match op {
-        Op::TokenBucket { bucket, .. }
-        | Op::TokenLease { bucket, .. }
-        | Op::TokenReturn { bucket, .. }
-        | Op::Debit { bucket, .. }
-        | Op::TokenAcquire { bucket, .. } => Some(bucket),
-        _ => None,
-    }
 }
 
 fn refused(call: &Call) -> StoreError {

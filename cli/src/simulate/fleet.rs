@@ -131,6 +131,7 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
             tally: tally.clone(),
             alive: alive.clone(),
             weight: weight(scenario, i, total),
+            index: i,
         };
         tokio::task::spawn_local(driver.run(scenario.clone()));
         fleet.push(Process {
@@ -216,13 +217,6 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
     tokio::time::sleep_until(tally.start + Duration::from_millis(scenario.duration_ms)).await;
     // The callers stop at the end; what they still wait for finishes within the store's timeouts.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // A reload reaches the store with the first call carrying it: the bucket refills at the parameters of its
-    // last write until then.
-    for (at, limit) in outcome.limits.iter_mut().skip(1) {
-        if let Some(bucket) = limit.bucket(scenario.mode) {
-            *at = faults.applied_since(&bucket, *at).unwrap_or(*at);
-        }
-    }
     outcome.store_calls = fleet
         .iter()
         .filter_map(|p| p.limiter.as_ref())
@@ -241,9 +235,7 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
 /// window's limit (its window ends early once).
 fn step_adds(limit: &Limit, ms: u64) -> u64 {
     match limit {
-        Limit::TokenBucket {
-            capacity, rate_per_s, ..
-        } => (*capacity).min(rate_per_s.saturating_mul(ms).div_ceil(1000)),
+        Limit::TokenBucket { capacity, .. } => (*capacity).min((limit.rate_per_s() * ms as f64 / 1000.0).ceil() as u64),
         Limit::SlidingLog { limit, .. } | Limit::SlidingWindow { limit, .. } | Limit::FixedWindow { limit, .. } => {
             *limit
         }
@@ -305,6 +297,7 @@ struct Driver {
     tally: Rc<Tally>,
     alive: Arc<AtomicUsize>,
     weight: f64,
+    index: usize,
 }
 
 impl Driver {
@@ -320,8 +313,15 @@ impl Driver {
                 return;
             }
             let at_ms = u64::try_from((now - self.tally.start).as_millis()).unwrap_or(u64::MAX);
-            let alive = self.alive.load(Ordering::Relaxed).max(1) as f64;
-            let per_s = scenario.demand_at(at_ms) as f64 * self.weight / alive;
+            let mut alive = self.alive.load(Ordering::Relaxed).max(1);
+            let mut per_s = scenario.demand_at(at_ms) as f64;
+            if let Some(n) = scenario.deciders_at(at_ms) {
+                alive = alive.min(n).max(1);
+                if self.index >= n {
+                    per_s = 0.0;
+                }
+            }
+            let per_s = per_s * self.weight / alive as f64;
             if self.life.load(Ordering::Relaxed) == RUNNING {
                 owed += per_s * (now - last).as_secs_f64();
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
-use tokenlease::{Algorithm, FailMode, Lease, Rule, TokenBucket};
+use tokenlease::{Algorithm, FailMode, Lease, Rule};
 
 /// The fail modes that promise the bound, which the seeds search.
 pub(super) const MODES: [FailMode; 2] = [FailMode::Closed, FailMode::Local];
@@ -18,7 +18,9 @@ pub(super) enum Limit {
     /// A token bucket, leased (`ttl` above zero) or not: at most `capacity + rate × (W + ttl)` in any window W.
     TokenBucket {
         capacity: u64,
-        rate_per_s: u64,
+        /// Tokens a `per`.
+        rate: u64,
+        per: Duration,
         lease: Option<Lease>,
     },
     /// A sliding log: at most `limit` in any `window`.
@@ -39,10 +41,11 @@ impl Limit {
         let rule = match self {
             Self::TokenBucket {
                 capacity,
-                rate_per_s,
+                rate,
+                per,
                 lease,
             } => {
-                let rule = Rule::token_bucket("r", *capacity, *rate_per_s, Duration::from_secs(1));
+                let rule = Rule::token_bucket("r", *capacity, *rate, *per);
                 match lease {
                     Some(lease) => rule.and_then(|r| r.with_lease(*lease)),
                     None => rule,
@@ -59,32 +62,65 @@ impl Limit {
         rule.map(|r| r.with_fail_mode(mode)).map_err(|e| e.to_string())
     }
 
-    /// A token bucket's parameters as its calls carry them.
-    pub(super) fn bucket(&self, mode: FailMode) -> Option<TokenBucket> {
-        match self.rule(mode).ok()?.algorithm {
-            Algorithm::TokenBucket { bucket, .. } => Some(bucket),
-            _ => None,
-        }
-    }
-
     /// Tokens a second the limit lets through in the long run.
     pub(super) fn rate_per_s(&self) -> f64 {
         match self {
-            Self::TokenBucket { rate_per_s, .. } => *rate_per_s as f64,
+            Self::TokenBucket { rate, per, .. } => *rate as f64 / per.as_secs_f64(),
             Self::SlidingLog { limit, window }
             | Self::SlidingWindow { limit, window, .. }
             | Self::FixedWindow { limit, window } => *limit as f64 / window.as_secs_f64(),
         }
     }
 
+    /// The limit of a configured rule (a user's own, `--rule`); a calendar window is run as a rolling one and a
+    /// ban is left out. `None` for a rule the seeds do not run (a leaky-bucket queue).
+    pub(super) fn of(rule: &Rule) -> Option<Self> {
+        let window = |ms: u64| Duration::from_millis(ms);
+        Some(match &rule.algorithm {
+            Algorithm::TokenBucket { bucket, lease, .. } => Self::TokenBucket {
+                capacity: bucket.capacity,
+                rate: bucket.rate,
+                per: window(bucket.per_ms),
+                lease: *lease,
+            },
+            Algorithm::SlidingLog { limit, window_ms, .. } => Self::SlidingLog {
+                limit: *limit,
+                window: window(*window_ms),
+            },
+            Algorithm::SlidingWindow {
+                limit,
+                window_ms,
+                sub_buckets,
+                ..
+            } => Self::SlidingWindow {
+                limit: *limit,
+                window: window(*window_ms),
+                sub_buckets: *sub_buckets,
+            },
+            Algorithm::FixedWindow { limit, window_ms, .. } => Self::FixedWindow {
+                limit: *limit,
+                window: window(*window_ms),
+            },
+            _ => return None,
+        })
+    }
+
     /// The same limit with its rate multiplied by `factor` (a reload), at least 1 a second.
     pub(super) fn scaled(&self, factor: f64) -> Self {
         let mut limit = self.clone();
-        if let Self::TokenBucket { rate_per_s, .. } = &mut limit {
-            *rate_per_s = ((*rate_per_s as f64 * factor).round() as u64).max(1);
+        if let Self::TokenBucket { rate, .. } = &mut limit {
+            *rate = ((*rate as f64 * factor).round() as u64).max(1);
         }
         limit
     }
+}
+
+/// A user's own rule in place of the one a seed draws (`--rule`), and the options that name it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Own {
+    pub(super) limit: Limit,
+    /// ` --config C --rule R`, for the replay command.
+    pub(super) args: String,
 }
 
 /// What goes wrong, and to whom.
@@ -127,6 +163,8 @@ pub(super) struct Event {
 /// One run: everything a seed decides.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Scenario {
+    /// The named scenario this is (`--scenario`), or `None` for a seed's.
+    pub(super) name: Option<&'static str>,
     pub(super) seed: u64,
     pub(super) mode: FailMode,
     pub(super) limit: Limit,
@@ -138,19 +176,24 @@ pub(super) struct Scenario {
     pub(super) expected: u32,
     /// Demand on the key across the fleet: (from, in ms since the start, decisions a second), in order.
     pub(super) demand: Vec<(u64, u64)>,
+    /// From a ms on, only the first `n` processes decide (none listed: all of them), in order.
+    pub(super) deciders: Vec<(u64, usize)>,
     /// Whether a tenth of the processes (at least one) carries half the demand.
     pub(super) skewed: bool,
     /// The store's round trip, in ms.
     pub(super) rtt_ms: u64,
     pub(super) duration_ms: u64,
     pub(super) faults: Vec<Event>,
+    /// The options naming a user's own rule (empty: the seed's).
+    pub(super) own: String,
 }
 
 impl Scenario {
-    /// The run of `seed` under `mode` (the seed draws everything else).
-    pub(super) fn draw(seed: u64, mode: FailMode) -> Self {
+    /// The run of `seed` under `mode` (the seed draws everything else, the limit too unless `own` is given).
+    pub(super) fn draw(seed: u64, mode: FailMode, own: Option<&Own>) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let limit = draw_limit(&mut rng);
+        let drawn = draw_limit(&mut rng);
+        let limit = own.map_or(drawn, |o| o.limit.clone());
         let processes = [1, 2, 3, 4, 4, 6, 8, 8, 12, 16, 24, 32, 48, 64][rng.random_range(0..14usize)];
         let duration_ms = rng.random_range(6..=14u64) * 1000;
         let token_bucket = matches!(limit, Limit::TokenBucket { .. });
@@ -183,6 +226,7 @@ impl Scenario {
             .map(|_| draw_event(&mut rng, total, duration_ms, token_bucket))
             .collect();
         Self {
+            name: None,
             seed,
             mode,
             limit,
@@ -190,10 +234,12 @@ impl Scenario {
             joiners,
             expected,
             demand,
+            deciders: Vec::new(),
             skewed: rng.random_bool(0.3),
             rtt_ms,
             duration_ms,
             faults,
+            own: own.map(|o| o.args.clone()).unwrap_or_default(),
         }
     }
 
@@ -217,6 +263,15 @@ impl Scenario {
             .take_while(|(from, _)| *from <= at_ms)
             .last()
             .map_or(0, |(_, d)| *d)
+    }
+
+    /// How many of the first processes decide at `at_ms` (`None`: all).
+    pub(super) fn deciders_at(&self, at_ms: u64) -> Option<usize> {
+        self.deciders
+            .iter()
+            .take_while(|(from, _)| *from <= at_ms)
+            .last()
+            .map(|(_, n)| *n)
     }
 
     /// This scenario with only the faults kept by `keep` (for reducing a failing seed).
@@ -243,7 +298,8 @@ fn draw_limit(rng: &mut SmallRng) -> Limit {
             let max_batch = rng.random_range(min_batch..=capacity.min(500));
             Limit::TokenBucket {
                 capacity,
-                rate_per_s: rng.random_range(10..=1000u64),
+                rate: rng.random_range(10..=1000u64),
+                per: Duration::from_secs(1),
                 lease: Some(Lease {
                     min_batch,
                     max_batch,
@@ -254,7 +310,8 @@ fn draw_limit(rng: &mut SmallRng) -> Limit {
         }
         4 | 5 => Limit::TokenBucket {
             capacity: rng.random_range(1..=500u64),
-            rate_per_s: rng.random_range(5..=500u64),
+            rate: rng.random_range(5..=500u64),
+            per: Duration::from_secs(1),
             lease: None,
         },
         6 => Limit::SlidingLog { limit, window },
@@ -296,10 +353,13 @@ fn draw_event(rng: &mut SmallRng, processes: usize, duration_ms: u64, token_buck
 
 impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name {
+            Some(name) => write!(f, "scenario {name}")?,
+            None => write!(f, "seed {}", self.seed)?,
+        }
         writeln!(
             f,
-            "seed {} fail_mode {} | {} processes (expected_processes {}){} | rtt {} ms | {} s",
-            self.seed,
+            " fail_mode {} | {} processes (expected_processes {}){} | rtt {} ms | {} s",
             self.mode.as_str(),
             self.processes,
             self.expected,
@@ -318,6 +378,13 @@ impl fmt::Display for Scenario {
             .map(|(at, d)| format!("{:.1}s {d}/s", *at as f64 / 1000.0))
             .collect();
         writeln!(f, "  demand: {}", demand.join(", "))?;
+        for (at, n) in &self.deciders {
+            writeln!(
+                f,
+                "  {:.1}s on: only the first {n} processes decide",
+                *at as f64 / 1000.0
+            )?;
+        }
         for (at, n) in &self.joiners {
             writeln!(f, "  {:.1}s: {n} processes start", *at as f64 / 1000.0)?;
         }
