@@ -4,7 +4,8 @@
 //!   window and the lease TTL before it (`capacity + rate × (W + ttl)` when no reload changed the rate; the
 //!   largest capacity across reloads); a sliding log's `limit` in any window; a sliding-window counter's `limit`
 //!   in any `sub_buckets` consecutive sub-buckets; a rolling fixed window's `limit` in each window, so at most
-//!   `2 × limit` in any window's length and `limit × ⌈L / window⌉` in the first L of the run. A fault no limiter on that
+//!   `2 × limit` in any window's length and `limit × ⌈L / window⌉` in the first L of the run; a leaky-bucket
+//!   queue's `rate × W + 1` releases (a job of one token). A fault no limiter on that
 //!   store can mask widens the bound of the windows that end after it by what it adds, and no more: a rollback
 //!   of the store by the grants it lost, a step of its clock by `min(capacity, rate × step)` (a window's limit).
 //!   A caller counts a grant when its answer arrives, up to [`Outcome::reply_ms`] after the store made it: a
@@ -53,12 +54,12 @@ pub(super) struct Verdict {
 pub(super) fn check(scenario: &Scenario, outcome: &Outcome, worst: bool) -> Verdict {
     let prefix = prefix_sums(&outcome.admitted_ms);
     let over = match &scenario.limit {
-        Limit::TokenBucket { .. } => bucket_excess(&prefix, outcome) > 1e-9,
+        Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => bucket_excess(&prefix, outcome) > 1e-9,
         _ => window_worst(scenario, &prefix, outcome).ratio > 1.0,
     };
     let worst = if over || worst {
         match &scenario.limit {
-            Limit::TokenBucket { .. } => bucket_worst(&prefix, outcome),
+            Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => bucket_worst(&prefix, outcome),
             _ => window_worst(scenario, &prefix, outcome),
         }
     } else {
@@ -95,9 +96,14 @@ impl BucketBound {
     fn new(outcome: &Outcome, len: usize) -> Self {
         let (mut capacity, mut ttl_ms) = (0.0_f64, 0);
         for (_, limit) in &outcome.limits {
-            if let Limit::TokenBucket { capacity: c, lease, .. } = limit {
-                capacity = capacity.max(*c as f64);
-                ttl_ms = ttl_ms.max(lease.map_or(0, |l| usize::try_from(l.ttl.as_millis()).unwrap_or(0)));
+            match limit {
+                Limit::TokenBucket { capacity: c, lease, .. } => {
+                    capacity = capacity.max(*c as f64);
+                    ttl_ms = ttl_ms.max(lease.map_or(0, |l| usize::try_from(l.ttl.as_millis()).unwrap_or(0)));
+                }
+                // A queue releases at its rate: one job's token is its burst (`rate × W + 1`).
+                Limit::LeakyQueue { .. } => capacity = capacity.max(1.0),
+                _ => {}
             }
         }
         // Counted when the caller learns it, a grant may be that much later than the store's.
@@ -249,7 +255,7 @@ fn window_worst(scenario: &Scenario, prefix: &[u64], outcome: &Outcome) -> Worst
                 consider(0, to, to.div_ceil(w.max(1)) as f64 * *limit as f64);
             }
         }
-        Limit::TokenBucket { .. } => {}
+        Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => {}
     }
     worst
 }

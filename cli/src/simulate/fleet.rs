@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenlease::{Clock, Config, Decision, Error, Faults, Limiter, LinkFault, RuleHandle, StoreFault, TokioClock};
+use tokenlease::{Clock, Config, Error, Faults, Limiter, LinkFault, RuleHandle, StoreFault, TokioClock};
 
 use super::scenario::{Event, Fault, Limit, Scenario};
 
@@ -48,7 +48,8 @@ struct Tally {
 }
 
 impl Tally {
-    fn record(&self, life: &AtomicU8, result: Result<Decision, Error>) {
+    /// Counts a decision: whether it was allowed, or its error.
+    fn record(&self, life: &AtomicU8, result: Result<bool, Error>) {
         // A killed process admitted nothing after its death: a decision it finished then never reached a client.
         if life.load(Ordering::Relaxed) == KILLED {
             return;
@@ -56,7 +57,7 @@ impl Tally {
         let mut d = self.decisions.borrow_mut();
         d.0 += 1;
         match result {
-            Ok(decision) if decision.allowed => {
+            Ok(true) => {
                 let ms = usize::try_from(self.start.elapsed().as_millis()).unwrap_or(usize::MAX);
                 let mut admitted = self.admitted.borrow_mut();
                 if admitted.len() <= ms {
@@ -64,7 +65,7 @@ impl Tally {
                 }
                 admitted[ms] += 1;
             }
-            Ok(_) => {}
+            Ok(false) => {}
             Err(_) => d.1 += 1,
         }
     }
@@ -123,6 +124,7 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
             .build()
             .map_err(|e| e.to_string())?;
         let handle = limiter.rule("r").map_err(|e| e.to_string())?;
+        let queue = matches!(limit, Limit::LeakyQueue { .. }).then(|| limiter.clone());
         let life = Arc::new(AtomicU8::new(RUNNING));
         alive.fetch_add(1, Ordering::Relaxed);
         let driver = Driver {
@@ -132,6 +134,7 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
             alive: alive.clone(),
             weight: weight(scenario, i, total),
             index: i,
+            queue,
         };
         tokio::task::spawn_local(driver.run(scenario.clone()));
         fleet.push(Process {
@@ -236,6 +239,8 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
 fn step_adds(limit: &Limit, ms: u64) -> u64 {
     match limit {
         Limit::TokenBucket { capacity, .. } => (*capacity).min((limit.rate_per_s() * ms as f64 / 1000.0).ceil() as u64),
+        // The schedule's slots come the step earlier.
+        Limit::LeakyQueue { .. } => (limit.rate_per_s() * ms as f64 / 1000.0).ceil() as u64,
         Limit::SlidingLog { limit, .. } | Limit::SlidingWindow { limit, .. } | Limit::FixedWindow { limit, .. } => {
             *limit
         }
@@ -298,6 +303,8 @@ struct Driver {
     alive: Arc<AtomicUsize>,
     weight: f64,
     index: usize,
+    /// A leaky-bucket rule's limiter: each decision is an `acquire`, released when its slot comes.
+    queue: Option<Limiter>,
 }
 
 impl Driver {
@@ -329,8 +336,17 @@ impl Driver {
             while owed >= 1.0 {
                 owed -= 1.0;
                 let (handle, life, tally) = (self.handle.clone(), self.life.clone(), self.tally.clone());
+                let queue = self.queue.clone();
                 tokio::task::spawn_local(async move {
-                    let result = handle.check("k", 1).await;
+                    let result = match queue {
+                        Some(limiter) => match limiter.acquire("r", "k", 1).await {
+                            Ok(_) => Ok(true),
+                            // A full queue turns the job away: a refusal, not a failure.
+                            Err(Error::QueueFull { .. }) => Ok(false),
+                            Err(e) => Err(e),
+                        },
+                        None => handle.check("k", 1).await.map(|d| d.allowed),
+                    };
                     tally.record(&life, result);
                 });
             }

@@ -33,6 +33,12 @@ pub(super) enum Limit {
     },
     /// A rolling fixed window: at most `limit` in a window, so at most `limit × (⌈L / window⌉ + 1)` in any L.
     FixedWindow { limit: u64, window: Duration },
+    /// A leaky-bucket queue (`acquire`): at most `rate × W + 1` releases in any window W, a job of one token.
+    LeakyQueue {
+        rate: u64,
+        per: Duration,
+        max_wait: Duration,
+    },
 }
 
 impl Limit {
@@ -58,6 +64,7 @@ impl Limit {
                 sub_buckets,
             } => Rule::sliding_window("r", *limit, *window, *sub_buckets),
             Self::FixedWindow { limit, window } => Rule::fixed_window("r", *limit, *window),
+            Self::LeakyQueue { rate, per, max_wait } => Rule::leaky_bucket("r", *rate, *per, *max_wait),
         };
         rule.map(|r| r.with_fail_mode(mode)).map_err(|e| e.to_string())
     }
@@ -65,7 +72,9 @@ impl Limit {
     /// Tokens a second the limit lets through in the long run.
     pub(super) fn rate_per_s(&self) -> f64 {
         match self {
-            Self::TokenBucket { rate, per, .. } => *rate as f64 / per.as_secs_f64(),
+            Self::TokenBucket { rate, per, .. } | Self::LeakyQueue { rate, per, .. } => {
+                *rate as f64 / per.as_secs_f64()
+            }
             Self::SlidingLog { limit, window }
             | Self::SlidingWindow { limit, window, .. }
             | Self::FixedWindow { limit, window } => *limit as f64 / window.as_secs_f64(),
@@ -73,7 +82,7 @@ impl Limit {
     }
 
     /// The limit of a configured rule (a user's own, `--rule`); a calendar window is run as a rolling one and a
-    /// ban is left out. `None` for a rule the seeds do not run (a leaky-bucket queue).
+    /// ban is left out. `None` for a kind of rule this version of the crate added and the seeds do not know.
     pub(super) fn of(rule: &Rule) -> Option<Self> {
         let window = |ms: u64| Duration::from_millis(ms);
         Some(match &rule.algorithm {
@@ -100,6 +109,15 @@ impl Limit {
             Algorithm::FixedWindow { limit, window_ms, .. } => Self::FixedWindow {
                 limit: *limit,
                 window: window(*window_ms),
+            },
+            Algorithm::LeakyBucket {
+                rate,
+                per_ms,
+                max_wait_ms,
+            } => Self::LeakyQueue {
+                rate: *rate,
+                per: window(*per_ms),
+                max_wait: window(*max_wait_ms),
             },
             _ => return None,
         })
@@ -199,7 +217,8 @@ impl Scenario {
         let token_bucket = matches!(limit, Limit::TokenBucket { .. });
         // Window rules are checked to the millisecond on the times their callers learn the answer: the store
         // answers them at once, so that is when it counted them.
-        let rtt_ms = if token_bucket { rng.random_range(0..=3u64) } else { 0 };
+        let timed = matches!(limit, Limit::TokenBucket { .. } | Limit::LeakyQueue { .. });
+        let rtt_ms = if timed { rng.random_range(0..=3u64) } else { 0 };
         let mut demand = Vec::new();
         let mut at = 0;
         while at < duration_ms {
@@ -291,7 +310,7 @@ impl Scenario {
 fn draw_limit(rng: &mut SmallRng) -> Limit {
     let window = Duration::from_secs(rng.random_range(1..=4u64));
     let limit = rng.random_range(5..=200u64);
-    match rng.random_range(0..10u32) {
+    match rng.random_range(0..11u32) {
         0..=3 => {
             let capacity = rng.random_range(10..=2000u64);
             let min_batch = rng.random_range(1..=10u64).min(capacity);
@@ -320,7 +339,12 @@ fn draw_limit(rng: &mut SmallRng) -> Limit {
             window,
             sub_buckets: [1, 2, 4, 5, 10][rng.random_range(0..5usize)],
         },
-        _ => Limit::FixedWindow { limit, window },
+        9 => Limit::FixedWindow { limit, window },
+        _ => Limit::LeakyQueue {
+            rate: rng.random_range(5..=200u64),
+            per: Duration::from_secs(1),
+            max_wait: Duration::from_millis(rng.random_range(1..=20u64) * 100),
+        },
     }
 }
 
