@@ -39,6 +39,22 @@ pub(super) struct Worst {
     pub(super) bound: f64,
 }
 
+impl Worst {
+    /// Keeps the window `[from, to)` ms that admitted `admitted` against `bound` if it is worse than this one.
+    fn keep_if_worse(&mut self, (from, to): (usize, usize), admitted: u64, bound: f64) {
+        let ratio = admitted as f64 / bound;
+        if ratio > self.ratio {
+            *self = Self {
+                ratio,
+                from_ms: from,
+                length_ms: to - from,
+                admitted,
+                bound,
+            };
+        }
+    }
+}
+
 /// What the checks found.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Verdict {
@@ -178,18 +194,7 @@ fn bucket_worst(prefix: &[u64], outcome: &Outcome) -> Worst {
     let mut worst = Worst::default();
     for from in 0..len {
         for to in from + SHORTEST_MS..=len {
-            let admitted = prefix[to] - prefix[from];
-            let b = bound.bound(from, to, first);
-            let ratio = admitted as f64 / b;
-            if ratio > worst.ratio {
-                worst = Worst {
-                    ratio,
-                    from_ms: from,
-                    length_ms: to - from,
-                    admitted,
-                    bound: b,
-                };
-            }
+            worst.keep_if_worse((from, to), prefix[to] - prefix[from], bound.bound(from, to, first));
         }
     }
     worst
@@ -213,18 +218,7 @@ fn window_worst(scenario: &Scenario, prefix: &[u64], outcome: &Outcome) -> Worst
         if from >= to {
             return;
         }
-        let admitted = prefix[to] - prefix[from];
-        let bound = bound + added(to);
-        let ratio = admitted as f64 / bound;
-        if ratio > worst.ratio {
-            worst = Worst {
-                ratio,
-                from_ms: from,
-                length_ms: to - from,
-                admitted,
-                bound,
-            };
-        }
+        worst.keep_if_worse((from, to), prefix[to] - prefix[from], bound + added(to));
     };
     match &scenario.limit {
         Limit::SlidingLog { limit, window } => {
