@@ -12,7 +12,7 @@
 //!
 //! Everything runs on tokio's clock: under paused time a run is deterministic, given the same order of calls.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -81,7 +81,8 @@ struct Link {
 #[derive(Debug)]
 struct World {
     store: StoreFault,
-    links: Vec<Link>,
+    /// Each process's link, by its number (made healthy on first use).
+    links: BTreeMap<usize, Link>,
     /// The calls that reached a frozen store, in order, each with the way back to its caller.
     frozen: VecDeque<(Call, oneshot::Sender<Result<Reply, StoreError>>)>,
     /// The state kept by [`Faults::snapshot`], with the tokens granted since.
@@ -170,7 +171,7 @@ impl Faults {
         let store = MemoryStore::with_clock(clock.clone());
         let world = World {
             store: StoreFault::Healthy,
-            links: Vec::new(),
+            links: BTreeMap::new(),
             frozen: VecDeque::new(),
             snapshot: None,
         };
@@ -362,10 +363,7 @@ impl Shared {
 impl World {
     /// Process `process`'s link, made healthy on first use.
     fn link(&mut self, process: usize) -> &mut Link {
-        if self.links.len() <= process {
-            self.links.resize(process + 1, Link::default());
-        }
-        &mut self.links[process]
+        self.links.entry(process).or_default()
     }
 }
 
