@@ -314,12 +314,12 @@ impl Shared {
         let mut world = self.world();
         match world.link(process).fault {
             LinkFault::Up => {}
-            LinkFault::Refused => return Way::Answer(Err(refused(&call))),
+            LinkFault::Refused => return Way::Answer(Err(refused(call.script().name()))),
             LinkFault::Partitioned => return Way::Lost,
         }
         match world.store {
             StoreFault::Healthy => Way::Answer(self.apply(&mut world, &call)),
-            StoreFault::Refusing => Way::Answer(Err(refused(&call))),
+            StoreFault::Refusing => Way::Answer(Err(refused(call.script().name()))),
             StoreFault::Hanging => Way::Lost,
             StoreFault::Frozen => {
                 let (tx, rx) = oneshot::channel();
@@ -376,13 +376,25 @@ fn takes(op: &Op) -> bool {
     )
 }
 
-fn refused(call: &Call) -> StoreError {
+/// The error of a call (or `ping`) to a store that refuses connections.
+fn refused(script: &'static str) -> StoreError {
     StoreError {
         kind: StoreErrorKind::Io,
-        script: call.script().name(),
+        script,
         message: "connection refused (simulated fault)".into(),
         source: None,
     }
+}
+
+/// `answer`, or the store's timeout error for `script` once `timeout` has passed, as a Redis store's calls end.
+async fn within<T>(
+    timeout: Duration,
+    script: &'static str,
+    answer: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, answer)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::timeout(script, timeout)))
 }
 
 async fn sleep(d: Duration) {
@@ -398,18 +410,14 @@ impl Store for FaultyStore {
         let script = call.script().name();
         // Sent now, on a task of its own: applied whatever the caller does meanwhile.
         let sent = tokio::spawn(shared.travel(process, call.clone()));
-        Box::pin(async move {
-            let answer = async {
-                match sent.await {
-                    Ok(Some(result)) => result,
-                    // No answer ever: the timeout below ends the wait, as it does a caller of a silent Redis.
-                    _ => std::future::pending().await,
-                }
-            };
-            tokio::time::timeout(timeout, answer)
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout(script, timeout)))
-        })
+        let answer = async {
+            match sent.await {
+                Ok(Some(result)) => result,
+                // No answer ever: the timeout ends the wait, as it does a caller of a silent Redis.
+                _ => std::future::pending().await,
+            }
+        };
+        Box::pin(within(timeout, script, answer))
     }
 
     fn source(&self) -> Source {
@@ -433,19 +441,10 @@ impl Store for FaultyStore {
                     sleep(shared.half_trip(process)).await;
                     Ok(())
                 }
-                (LinkFault::Refused, _) | (LinkFault::Up, StoreFault::Refusing) => Err(StoreError {
-                    kind: StoreErrorKind::Io,
-                    script: "ping",
-                    message: "connection refused (simulated fault)".into(),
-                    source: None,
-                }),
+                (LinkFault::Refused, _) | (LinkFault::Up, StoreFault::Refusing) => Err(refused("ping")),
                 _ => std::future::pending().await,
             }
         };
-        Box::pin(async move {
-            tokio::time::timeout(timeout, ping)
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout("ping", timeout)))
-        })
+        Box::pin(within(timeout, "ping", ping))
     }
 }
