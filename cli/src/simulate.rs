@@ -93,16 +93,10 @@ const KEY: &str = "sku:sale";
 /// Runs the simulation and prints its figures; exits 1 when a window admitted more than its bound.
 pub fn run(args: Args) -> Result<ExitCode, String> {
     let own = own_rule(&args)?;
+    let modes = seeds::modes(args.mode);
     if let Some(seed) = args.seed {
-        let mut exit = ExitCode::SUCCESS;
-        for mode in seeds::modes(args.mode) {
-            let run = seeds::run_one(&scenario::Scenario::draw(seed, mode, own.as_ref()), true)?;
-            seeds::print(&run, args.json);
-            if run.verdict.over {
-                exit = ExitCode::FAILURE;
-            }
-        }
-        return Ok(exit);
+        let drawn = modes.iter().map(|m| scenario::Scenario::draw(seed, *m, own.as_ref()));
+        return seeds::run_each(drawn.collect(), args.json);
     }
     if let Some(name) = &args.scenario {
         let names: Vec<&str> = if name == "all" {
@@ -110,20 +104,15 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         } else {
             vec![name.as_str()]
         };
-        let mut exit = ExitCode::SUCCESS;
+        let mut scenarios = Vec::new();
         for name in names {
-            for mode in seeds::modes(args.mode) {
-                let run = seeds::run_one(&named::scenario(name, mode)?, true)?;
-                seeds::print(&run, args.json);
-                if run.verdict.over {
-                    exit = ExitCode::FAILURE;
-                }
+            for mode in &modes {
+                scenarios.push(named::scenario(name, *mode)?);
             }
         }
-        return Ok(exit);
+        return seeds::run_each(scenarios, args.json);
     }
     if let Some(range) = &args.seeds {
-        let modes = seeds::modes(args.mode);
         return seeds::run_range(
             seeds::parse_range(range)?,
             &modes,

@@ -17,7 +17,7 @@
 //!   less one window's limit, which a tail may miss by its phase).
 
 use super::fleet::Outcome;
-use super::scenario::{Limit, Scenario};
+use super::scenario::{in_force, Limit, Scenario};
 
 /// The shortest window checked, in ms.
 pub(super) const SHORTEST_MS: usize = 200;
@@ -129,12 +129,7 @@ impl BucketBound {
         for ms in 1..=len {
             let rate = rate_at(outcome, ms as u64 - 1);
             refill[ms] = refill[ms - 1] + rate / 1000.0;
-            added[ms] = outcome
-                .unmaskable
-                .iter()
-                .filter(|(at, _)| *at < ms as u64)
-                .map(|(_, n)| *n as f64)
-                .sum();
+            added[ms] = added_before(outcome, ms as u64);
         }
         Self {
             capacity,
@@ -160,12 +155,17 @@ impl BucketBound {
 }
 
 fn rate_at(outcome: &Outcome, ms: u64) -> f64 {
+    in_force(&outcome.limits, ms).map_or(0.0, Limit::rate_per_s)
+}
+
+/// What unmaskable faults added before `ms`, in tokens.
+fn added_before(outcome: &Outcome, ms: u64) -> f64 {
     outcome
-        .limits
+        .unmaskable
         .iter()
-        .take_while(|(at, _)| *at <= ms)
-        .last()
-        .map_or(0.0, |(_, l)| l.rate_per_s())
+        .filter(|(at, _)| *at < ms)
+        .map(|(_, n)| *n as f64)
+        .sum()
 }
 
 /// The most any window of at least [`SHORTEST_MS`] admitted over its bound, in tokens (above 0: over), in one
@@ -203,14 +203,6 @@ fn bucket_worst(prefix: &[u64], outcome: &Outcome) -> Worst {
 /// A window rule's worst window against its limit.
 fn window_worst(scenario: &Scenario, prefix: &[u64], outcome: &Outcome) -> Worst {
     let len = prefix.len() - 1;
-    let added = |to: usize| -> f64 {
-        outcome
-            .unmaskable
-            .iter()
-            .filter(|(at, _)| (*at as usize) < to)
-            .map(|(_, n)| *n as f64)
-            .sum()
-    };
     let mut worst = Worst::default();
     // What a caller counted in [from + reply, to) the store granted in [from, to).
     let mut consider = |from: usize, to: usize, bound: f64| {
@@ -218,7 +210,11 @@ fn window_worst(scenario: &Scenario, prefix: &[u64], outcome: &Outcome) -> Worst
         if from >= to {
             return;
         }
-        worst.keep_if_worse((from, to), prefix[to] - prefix[from], bound + added(to));
+        worst.keep_if_worse(
+            (from, to),
+            prefix[to] - prefix[from],
+            bound + added_before(outcome, to as u64),
+        );
     };
     match &scenario.limit {
         Limit::SlidingLog { limit, window } => {

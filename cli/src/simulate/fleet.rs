@@ -2,9 +2,9 @@
 //! each calling the shared in-process store through its own link of a [`Faults`], which the schedule breaks and
 //! mends. What each process admitted is counted per millisecond at the time its caller learned it.
 
+use std::cell::Cell;
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,9 +36,15 @@ pub(super) struct Outcome {
 const CALL_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// A process's life, as its callers see it.
-const RUNNING: u8 = 0;
-const PAUSED: u8 = 1;
-const KILLED: u8 = 2;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    /// Its callers decide.
+    Running,
+    /// Stopped (`SIGSTOP`): its callers decide nothing until it goes on.
+    Paused,
+    /// Gone: nothing it decides from now on reaches a client.
+    Killed,
+}
 
 /// Shared by the drivers: the tally and each process's life.
 struct Tally {
@@ -49,9 +55,9 @@ struct Tally {
 
 impl Tally {
     /// Counts a decision: whether it was allowed, or its error.
-    fn record(&self, life: &AtomicU8, result: Result<bool, Error>) {
+    fn record(&self, life: &Cell<Life>, result: Result<bool, Error>) {
         // A killed process admitted nothing after its death: a decision it finished then never reached a client.
-        if life.load(Ordering::Relaxed) == KILLED {
+        if life.get() == Life::Killed {
             return;
         }
         let mut d = self.decisions.borrow_mut();
@@ -73,7 +79,7 @@ impl Tally {
 
 struct Process {
     limiter: Option<Limiter>,
-    life: Arc<AtomicU8>,
+    life: Rc<Cell<Life>>,
 }
 
 /// Runs `scenario` to its end on a paused current-thread runtime.
@@ -95,7 +101,8 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
         admitted: RefCell::new(vec![0; usize::try_from(scenario.duration_ms).unwrap_or(0) + 1000]),
         decisions: RefCell::new((0, 0)),
     });
-    let alive = Arc::new(AtomicUsize::new(0));
+    // Processes started and not killed (the demand is spread over them).
+    let alive = Rc::new(Cell::new(0_usize));
     let mut limit = scenario.limit.clone();
     let mut outcome = Outcome {
         limits: vec![(0, limit.clone())],
@@ -125,8 +132,8 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
             .map_err(|e| e.to_string())?;
         let handle = limiter.rule("r").map_err(|e| e.to_string())?;
         let queue = matches!(limit, Limit::LeakyQueue { .. }).then(|| limiter.clone());
-        let life = Arc::new(AtomicU8::new(RUNNING));
-        alive.fetch_add(1, Ordering::Relaxed);
+        let life = Rc::new(Cell::new(Life::Running));
+        alive.set(alive.get() + 1);
         let driver = Driver {
             handle,
             life: life.clone(),
@@ -165,17 +172,15 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                 Fault::Refused(p) => faults.set_link(p, LinkFault::Refused),
                 Fault::Slow(p, ms) => faults.set_latency(p, Duration::from_millis(ms)),
                 Fault::Paused(p) => {
-                    if let Some(process) = fleet.get(p) {
-                        let _ = process
-                            .life
-                            .compare_exchange(RUNNING, PAUSED, Ordering::Relaxed, Ordering::Relaxed);
+                    if let Some(process) = fleet.get(p).filter(|p| p.life.get() == Life::Running) {
+                        process.life.set(Life::Paused);
                     }
                     faults.set_paused(p, true);
                 }
                 Fault::Killed(p) => {
                     if let Some(process) = fleet.get_mut(p) {
-                        if process.life.swap(KILLED, Ordering::Relaxed) != KILLED {
-                            alive.fetch_sub(1, Ordering::Relaxed);
+                        if process.life.replace(Life::Killed) != Life::Killed {
+                            alive.set(alive.get() - 1);
                         }
                         // Dropped without a shutdown: nothing is given back or charged.
                         process.limiter = None;
@@ -205,10 +210,8 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                 Fault::Partitioned(p) | Fault::Refused(p) => faults.set_link(p, LinkFault::Up),
                 Fault::Slow(p, _) => faults.set_latency(p, Duration::ZERO),
                 Fault::Paused(p) => {
-                    if let Some(process) = fleet.get(p) {
-                        let _ = process
-                            .life
-                            .compare_exchange(PAUSED, RUNNING, Ordering::Relaxed, Ordering::Relaxed);
+                    if let Some(process) = fleet.get(p).filter(|p| p.life.get() == Life::Paused) {
+                        process.life.set(Life::Running);
                     }
                     faults.set_paused(p, false);
                 }
@@ -225,7 +228,7 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
         .filter_map(|p| p.limiter.as_ref())
         .map(|l| l.stats().store_calls)
         .sum();
-    outcome.alive = alive.load(Ordering::Relaxed);
+    outcome.alive = alive.get();
     let (decisions, errors) = *tally.decisions.borrow();
     outcome.decisions = decisions;
     outcome.errors = errors;
@@ -298,9 +301,9 @@ fn weight(scenario: &Scenario, i: usize, total: usize) -> f64 {
 /// One process's callers.
 struct Driver {
     handle: RuleHandle,
-    life: Arc<AtomicU8>,
+    life: Rc<Cell<Life>>,
     tally: Rc<Tally>,
-    alive: Arc<AtomicUsize>,
+    alive: Rc<Cell<usize>>,
     weight: f64,
     index: usize,
     /// A leaky-bucket rule's limiter: each decision is an `acquire`, released when its slot comes.
@@ -316,11 +319,11 @@ impl Driver {
         let mut last = tokio::time::Instant::now();
         loop {
             let now = tokio::time::Instant::now();
-            if now >= end || self.life.load(Ordering::Relaxed) == KILLED {
+            if now >= end || self.life.get() == Life::Killed {
                 return;
             }
             let at_ms = u64::try_from((now - self.tally.start).as_millis()).unwrap_or(u64::MAX);
-            let mut alive = self.alive.load(Ordering::Relaxed).max(1);
+            let mut alive = self.alive.get().max(1);
             let mut per_s = scenario.demand_at(at_ms) as f64;
             if let Some(n) = scenario.deciders_at(at_ms) {
                 alive = alive.min(n).max(1);
@@ -329,7 +332,7 @@ impl Driver {
                 }
             }
             let per_s = per_s * self.weight / alive as f64;
-            if self.life.load(Ordering::Relaxed) == RUNNING {
+            if self.life.get() == Life::Running {
                 owed += per_s * (now - last).as_secs_f64();
             }
             last = now;

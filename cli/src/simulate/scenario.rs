@@ -277,20 +277,12 @@ impl Scenario {
 
     /// The demand at `at_ms`, decisions a second across the fleet.
     pub(super) fn demand_at(&self, at_ms: u64) -> u64 {
-        self.demand
-            .iter()
-            .take_while(|(from, _)| *from <= at_ms)
-            .last()
-            .map_or(0, |(_, d)| *d)
+        in_force(&self.demand, at_ms).copied().unwrap_or(0)
     }
 
     /// How many of the first processes decide at `at_ms` (`None`: all).
     pub(super) fn deciders_at(&self, at_ms: u64) -> Option<usize> {
-        self.deciders
-            .iter()
-            .take_while(|(from, _)| *from <= at_ms)
-            .last()
-            .map(|(_, n)| *n)
+        in_force(&self.deciders, at_ms).copied()
     }
 
     /// This scenario with only the faults kept by `keep` (for reducing a failing seed).
@@ -305,6 +297,15 @@ impl Scenario {
             .collect();
         reduced
     }
+}
+
+/// The value in force at `at_ms` of steps `(from_ms, value)` listed in time order: the last that began by then.
+pub(super) fn in_force<T>(steps: &[(u64, T)], at_ms: u64) -> Option<&T> {
+    steps
+        .iter()
+        .take_while(|(from, _)| *from <= at_ms)
+        .last()
+        .map(|(_, v)| v)
 }
 
 fn draw_limit(rng: &mut SmallRng) -> Limit {

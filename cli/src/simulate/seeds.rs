@@ -103,6 +103,19 @@ pub(super) fn replay(scenario: &Scenario) -> String {
     )
 }
 
+/// Runs each scenario, printing it in full with its worst window; exits 1 when one went over its bound.
+pub(super) fn run_each(scenarios: Vec<Scenario>, json: bool) -> Result<ExitCode, String> {
+    let mut exit = ExitCode::SUCCESS;
+    for scenario in &scenarios {
+        let run = run_one(scenario, true)?;
+        print(&run, json);
+        if run.verdict.over {
+            exit = ExitCode::FAILURE;
+        }
+    }
+    Ok(exit)
+}
+
 /// Prints one run in full.
 pub(super) fn print(run: &Run, json: bool) {
     let v = &run.verdict;
