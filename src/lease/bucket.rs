@@ -292,10 +292,9 @@ impl LocalBucket {
         let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
         // Decisions per ttl/2 at the observed demand: a batch should be spent well within its TTL.
         let horizon_ns = (nanos(lease.ttl) / 2).max(1);
+        book.demand_per_s = smoothed(book.demand_per_s, (decided, elapsed_ns), nanos(lease.ttl));
         let observed =
-            u64::try_from(u128::from(decided) * u128::from(horizon_ns) / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
-        book.demand_per_s =
-            u64::try_from(u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns)).unwrap_or(u64::MAX);
+            u64::try_from(u128::from(book.demand_per_s) * u128::from(horizon_ns) / 1_000_000_000).unwrap_or(u64::MAX);
         let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
         if self.starved.swap(false, Ordering::Relaxed) {
             batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
@@ -321,21 +320,26 @@ impl LocalBucket {
             (book.demand_per_s, cost),
             spendable,
         );
-        let (pace, turn, spendable) = match paced {
-            Some((pace, paced)) => (pace, paced, u64::MAX),
-            None => (Pace::default(), turn, spendable),
-        };
+        if let Some((pace, turn)) = paced {
+            // A paced grant is at most a turn: its chunks span no longer than the refill of half the burst
+            // (`span_chunks`), or the bucket's pending line would hold back its refill.
+            let turn = turn.max(cost);
+            self.planned(&mut book, turn, (decisions, now_ns));
+            return LeasePlan {
+                min: cost,
+                max: turn,
+                batch: turn,
+                turn,
+                pace,
+            };
+        }
         if book.saturated {
             batch = batch.max(turn);
         } else {
             batch = batch.min(fair_share.max(1));
         }
         let batch = batch.min(spendable.max(lease.min_batch)).max(cost);
-        book.batch = batch;
-        book.last_lease_ns = now_ns;
-        book.decisions_at_lease = decisions;
-        self.last_used_ns.store(now_ns, Ordering::Relaxed);
-        self.low_watermark.store(batch / 4, Ordering::Relaxed);
+        self.planned(&mut book, batch, (decisions, now_ns));
         // Saturated: the calls are spaced by the bucket's turns, and each takes what accumulated, however little
         // (a refusal would cost the same call and admit nothing), up to two batches (within what the demand
         // spends in the TTL), so that a turn that comes late loses little.
@@ -353,8 +357,17 @@ impl LocalBucket {
             max,
             batch,
             turn: turn.max(batch),
-            pace,
+            pace: Pace::default(),
         }
+    }
+
+    /// Records a lease planned at `now_ns` for `batch` tokens, `decisions` having been counted by then.
+    fn planned(&self, book: &mut Book, batch: u64, (decisions, now_ns): (u64, u64)) {
+        book.batch = batch;
+        book.last_lease_ns = now_ns;
+        book.decisions_at_lease = decisions;
+        self.last_used_ns.store(now_ns, Ordering::Relaxed);
+        self.low_watermark.store(batch / 4, Ordering::Relaxed);
     }
 
     /// Adds a grant of a lease sent at `sent_ns`: its tokens must be spent within the TTL of that, or, paced
@@ -558,6 +571,22 @@ impl LocalBucket {
         // A poisoned book is still consistent: every update leaves it whole before anything can panic.
         self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The demand in decisions a second after `decided` decisions in the last `elapsed_ns`, `before` the estimate
+/// until then: a moving average over about one `window_ns` (the lease TTL), weighted by time, so that two leases
+/// sent close together (a lease of few decisions) do not read a slow key as idle, nor a burst as its rate.
+fn smoothed(before: u64, (decided, elapsed_ns): (u64, u64), window_ns: u64) -> u64 {
+    let elapsed_ns = elapsed_ns.max(1);
+    let now = u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns);
+    let window_ns = window_ns.max(1);
+    let mixed = if before == 0 || elapsed_ns >= window_ns {
+        now
+    } else {
+        let old = u128::from(window_ns - elapsed_ns);
+        (u128::from(before) * old + now * u128::from(elapsed_ns)) / u128::from(window_ns)
+    };
+    u64::try_from(mixed).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -79,15 +79,16 @@ fn slow_saturated() -> LocalBucket {
 fn a_slow_process_on_a_saturated_bucket_leases_a_paced_turn() {
     let b = slow_saturated();
     let plan = b.plan(2, 1, 100 * MS);
-    // It spends 18 tokens in the TTL but 200 while the burst refills (2 s): a turn of 200, up to 400 when it
-    // comes late, released 10 every 100 ms (what it spends in half a TTL).
+    // It spends 18 tokens in the TTL: a turn of 100, released 10 every 100 ms (what it spends in half a TTL),
+    // over 1 s (the refill of half the burst), never more: a longer span would let the bucket's pending line
+    // hold its refill back.
     assert_eq!(
         plan,
         LeasePlan {
             min: 1,
-            max: 400,
-            batch: 200,
-            turn: 200,
+            max: 100,
+            batch: 100,
+            turn: 100,
             pace: Pace {
                 chunk: 10,
                 chunk_ms: 100

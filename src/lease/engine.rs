@@ -74,6 +74,9 @@ fn refused_briefly(local: &LocalBucket, now: u64) -> Decision {
     refused
 }
 
+/// The lease TTLs over which a hot key's demand is measured before it is found cooled.
+const COOLING_TTLS: u64 = 5;
+
 /// The heat at which a key starts leasing: its `hot_after`, by default a quarter of its smallest batch of
 /// decisions and at least 3, counted by [`Heat`](super::heat::Heat) over the recent lease TTLs (each TTL's
 /// count halved at the next). A
@@ -132,8 +135,10 @@ impl Engine {
 
     /// Called after a cold decision of a leased rule's `key` that left the shared bucket `remaining` tokens: a
     /// bucket at least a batch below full beyond this decision's `cost` is spent by other processes (the fleet
-    /// leases it), so the key is hot at once, not after `hot_after` store calls (the warm-up of a fleet of a
-    /// thousand would otherwise cost three calls per process).
+    /// leases it), so a key one decision short of `hot_after` is hot at once (the warm-up of a fleet of a
+    /// thousand would otherwise cost three calls per process). A key further from it stays cold: a process that
+    /// decides it less than about once per TTL would lease a few tokens, give most back and cool, a cold call, a
+    /// lease and a give-back for each few decisions (a fleet of 256 at 1.1 times the rate sold 64 % so).
     pub(crate) fn heat_up(
         &self,
         compiled: &Compiled,
@@ -143,10 +148,15 @@ impl Engine {
         remaining: u64,
     ) {
         let drained = remaining.saturating_add(cost).saturating_add(lease.min_batch) <= bucket.capacity;
-        let Some(heat) = compiled.heat.get().filter(|_| drained) else {
+        let hash = compiled.hash(key);
+        let Some(heat) = compiled
+            .heat
+            .get()
+            .filter(|h| drained && h.estimate(hash) + 1 >= hot_at(lease))
+        else {
             return;
         };
-        heat.raise(compiled.hash(key), hot_at(lease));
+        heat.raise(hash, hot_at(lease));
         // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
         // ([`LocalBucket::first_lease_wait`]).
         self.insert_local(compiled, (bucket, lease), key, LocalBucket::measuring);
@@ -415,11 +425,15 @@ impl Engine {
                 }
                 outstanding += local.available() + local.scheduled();
                 // Cooled: decided fewer than a sixteenth of the smallest batch per TTL (a key turns hot from about
-                // an eighth, see `hot_at`: the gap keeps a key near the threshold from going back and forth).
+                // an eighth, see `hot_at`: the gap keeps a key near the threshold from going back and forth),
+                // measured over COOLING_TTLS TTLs: over one, a key decided a few times per TTL reads 0 or 2 by
+                // chance, and would go cold and hot again, a cold call and a lease each time.
                 let ttl_ns = nanos(local.lease.ttl);
-                if let Some(per_s) = local.heat(ttl_ns, now) {
-                    let per_ttl = u128::from(per_s) * u128::from(ttl_ns) / 1_000_000_000;
-                    if per_ttl * 16 < u128::from(local.lease.min_batch) {
+                if let Some(per_s) = local.heat(ttl_ns.saturating_mul(COOLING_TTLS), now) {
+                    // Decisions per TTL × 16 < min_batch, in decisions × ns (a whole count per TTL would read
+                    // 0.9 as 0).
+                    let per_ttl_ns = u128::from(per_s) * u128::from(ttl_ns);
+                    if per_ttl_ns * 16 < u128::from(local.lease.min_batch) * 1_000_000_000 {
                         cooled.push(entry.key().clone());
                     }
                 }

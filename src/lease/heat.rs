@@ -59,6 +59,12 @@ impl Heat {
         u64::from(min) + 1
     }
 
+    /// The estimate of the key with this `hash`, as [`Self::observe`] returns it, without counting a decision.
+    pub(crate) fn estimate(&self, hash: u64) -> u64 {
+        let counts = Self::cells(hash).map(|i| self.counters[i].load(Ordering::Relaxed));
+        u64::from(counts.iter().copied().min().unwrap_or(0))
+    }
+
     /// Makes the key with this `hash` at least `count` hot at once (its cells raised to it): the store showed
     /// that other processes spend its bucket, so it pays for a lease already.
     pub(crate) fn raise(&self, hash: u64, count: u64) {
@@ -101,7 +107,9 @@ mod tests {
     fn a_raised_key_is_as_hot_at_once_and_its_neighbours_are_not() {
         let heat = Heat::new(1_000, 0);
         heat.raise(7, 2);
+        assert_eq!(heat.estimate(7), 2);
         assert_eq!(heat.observe(7, 1), 3, "two raised, one observed");
+        assert_eq!(heat.estimate(7), 3, "the estimate counts nothing");
         assert_eq!(heat.observe(8, 1), 1, "another key is not raised");
         // Raising never lowers.
         heat.raise(7, 1);

@@ -116,50 +116,61 @@ impl Schedule {
     }
 }
 
-/// A paced lease's pace and turn (invariant 18), when the shared bucket is `saturated` and the demand of
-/// `demand_per_s` decisions a second spends less in the TTL (`spendable`, tokens) than the bucket refills in
-/// it (`rate × ttl`, clamped to the batch bounds): the turn is the latter, released in chunks of what the
-/// demand spends in half a TTL, one every half TTL. The turns, 0.6 of a turn's refill apart, then come about
-/// eight times a second whatever the fleet's size. At 100 decisions a second (a fleet of 1000 sharing 10^5)
-/// and the shipped rule, a turn brings 200 tokens in chunks of 10 instead of 18 at once.
+/// A paced lease's pace and turn (invariant 18), when the demand of `demand_per_s` decisions a second spends
+/// less in the TTL (`spendable`, tokens) than a turn brings, and either the shared bucket is `saturated` or a
+/// whole `min_batch` would not be spent in the TTL (a lease of it would give most of it back, two calls for a
+/// few tokens). The grant is released in chunks of what the demand spends in half a TTL (at least `cost`), one
+/// every `chunk_ms`, the time the demand takes to spend a chunk; and it spans at most the
+/// time the refill takes to make half the burst ([`span_chunks`]): the bucket keeps what paced leases have yet
+/// to release as *pending*, one line that over-counts (`lua/token_lease.lua`), and the level refills to at most
+/// `capacity − pending`, so a longer span would let the pending line hold the refill back (the cause of the
+/// undersell of fleets of 64 to 1000 processes before 2026-11-27: the line stood at the capacity).
+/// The turn is then the bucket's refill in a TTL (`rate × ttl`) or what fits in that span, whichever is less.
 ///
-/// The price is time: a turn's tokens are spent over `granted / demand` (1.2 s here), and what the fleet was
-/// granted but has not released yet, about `0.3 × turn × rate / demand` tokens (600 here: ten processes
-/// halfway through turns of 120), is spent later than it would be without pacing.
-/// `None`: not paced (not saturated, no demand seen, a stock, or the TTL's spending is already a turn).
+/// At 100 decisions a second (a fleet of 1000 sharing 10^5) and the shipped rule, a turn brings 100 tokens in
+/// chunks of 10, one every 100 ms, instead of 18 at once. The price is time: what the fleet was granted but has
+/// not released yet (about `rate × span / 2`, 500 tokens here) is spent later than it would be without pacing.
+/// `None`: not paced (no demand seen, a stock, or the TTL's spending is already a turn).
 pub(crate) fn paced_turn(
     (bucket, lease): (&TokenBucket, &Lease),
     saturated: bool,
     (demand_per_s, cost): (u64, u64),
     spendable: u64,
 ) -> Option<(Pace, u64)> {
-    if !saturated || demand_per_s == 0 || bucket.rate == 0 {
+    if demand_per_s == 0 || bucket.rate == 0 || !(saturated || spendable < lease.min_batch) {
         return None;
     }
     let half_ttl_ms = u64::try_from(lease.ttl.as_millis() / 2).unwrap_or(u64::MAX).max(1);
-    // A chunk holds at least the caller's cost (the demand counts decisions, not tokens).
+    // A chunk holds what the demand spends in half a TTL, at least the caller's cost (the demand counts
+    // decisions, not tokens), and is released as often as the demand spends it (whole ms, rounded down: a little
+    // sooner rather than later).
     let chunk = u128::from(demand_per_s) * u128::from(half_ttl_ms) / 1_000;
     let chunk = u64::try_from(chunk).unwrap_or(u64::MAX).max(cost).max(1);
-    // At most MAX_CHUNKS chunks: a slow demand is not paced over minutes.
-    let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(MAX_CHUNKS));
+    let chunk_ms = u128::from(chunk) * 1_000 / u128::from(demand_per_s);
+    let chunk_ms = u64::try_from(chunk_ms).unwrap_or(u64::MAX).max(1);
+    let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(span_chunks((bucket, lease), chunk_ms)));
     if turn <= spendable || turn <= chunk {
         return None;
     }
-    // A grant of up to two turns, pending over its chunks: the scripts' line stays exact in Lua's doubles.
-    let span_ms = (2 * MAX_CHUNKS + 1).saturating_mul(half_ttl_ms);
+    // The pending line stays exact in Lua's doubles.
+    let span_ms = (MAX_CHUNKS + 1).saturating_mul(chunk_ms);
     if bucket.capacity.saturating_mul(span_ms) >= MAX_EXACT {
         return None;
     }
-    let pace = Pace {
-        chunk,
-        chunk_ms: half_ttl_ms,
-    };
-    Some((pace, turn))
+    Some((Pace { chunk, chunk_ms }, turn))
 }
 
-/// The most chunks a paced turn is released in (two turns, when a turn comes late: twice as many): 20 half TTLs,
-/// 2 s with the shipped TTL.
+/// The most chunks a paced grant is released in.
 const MAX_CHUNKS: u64 = 20;
+
+/// The most chunks, one every `chunk_ms`, a paced grant is released in: as many as fit in the time the refill
+/// takes to make half the burst (at least 2, at most [`MAX_CHUNKS`]). 10 with the shipped rule (1 s).
+pub(crate) fn span_chunks((bucket, _): (&TokenBucket, &Lease), chunk_ms: u64) -> u64 {
+    let half_burst_ms = u128::from(bucket.capacity) * u128::from(bucket.per_ms) / u128::from(bucket.rate.max(1)) / 2;
+    u64::try_from(half_burst_ms / u128::from(chunk_ms.max(1)))
+        .unwrap_or(u64::MAX)
+        .clamp(2, MAX_CHUNKS)
+}
 
 /// What a paced turn brings: the bucket's refill in one lease TTL (`rate × ttl`, tokens), within the batch bounds.
 pub(crate) fn paced_size((bucket, lease): (&TokenBucket, &Lease)) -> u64 {
@@ -244,14 +255,21 @@ pub(crate) mod tests {
     fn a_slow_demand_on_a_saturated_bucket_is_paced_in_chunks_of_at_least_its_cost() {
         let (bucket, lease) = shipped();
         let paced = |saturated, demand, spendable| paced_turn((&bucket, &lease), saturated, demand, spendable);
-        let every_100_ms = |chunk| Pace { chunk, chunk_ms: 100 };
-        // 100 decisions a second: chunks of 10 every 100 ms, a turn of 200 (what the bucket refills in a TTL).
-        assert_eq!(paced(true, (100, 1), 18), Some((every_100_ms(10), 200)));
-        // Decisions of 20 tokens each: chunks of 20, or none would ever be admitted.
-        assert_eq!(paced(true, (100, 20), 18), Some((every_100_ms(20), 200)));
-        // 10 a second: a turn of 20 chunks, not 200 chunks over 20 s.
-        assert_eq!(paced(true, (10, 1), 1), Some((every_100_ms(1), 20)));
-        // Not saturated, no demand seen, or a TTL's spending is a turn already: not paced.
+        let every = |chunk, chunk_ms| Pace { chunk, chunk_ms };
+        // 100 decisions a second: chunks of 10 every 100 ms, a turn of 100 (what fits in 1 s, the refill of half
+        // the burst), not 200 (the refill in a TTL).
+        assert_eq!(paced(true, (100, 1), 18), Some((every(10, 100), 100)));
+        // Decisions of 20 tokens each: chunks of 20, one every 200 ms (as fast as they are spent), or none
+        // would ever be admitted.
+        assert_eq!(paced(true, (100, 20), 18), Some((every(20, 200), 100)));
+        // 10 a second: a turn of 10 chunks of 1, not 200 chunks over 20 s.
+        assert_eq!(paced(true, (10, 1), 1), Some((every(1, 100), 10)));
+        // 17 a second: a chunk of 1 every 58 ms, as fast as it is spent.
+        assert_eq!(paced(true, (17, 1), 3), Some((every(1, 58), 17)));
+        // Not saturated, but a whole batch would not be spent in the TTL: paced too.
+        assert_eq!(paced(false, (10, 1), 1), Some((every(1, 100), 10)));
+        // Not saturated and a batch is spent in the TTL, no demand seen, or a TTL's spending is a turn already:
+        // not paced.
         assert_eq!(paced(false, (100, 1), 18), None);
         assert_eq!(paced(true, (0, 1), 0), None);
         assert_eq!(paced(true, (2_500, 1), 450), None);

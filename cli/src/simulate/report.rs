@@ -88,6 +88,10 @@ struct Derived {
     steady_calls_per_s: Option<f64>,
     bound: u64,
     sold_pct: f64,
+    /// What could sell: the bound, or the decisions made where fewer.
+    could_sell: u64,
+    /// The share of what could sell that was admitted (issue 33's figure).
+    sold_of_could_pct: f64,
     unsold: i64,
     calls_by_second: Vec<u64>,
 }
@@ -119,6 +123,8 @@ fn derive(setup: &Setup, f: &Figures) -> Derived {
         steady_calls_per_s: steady.map(|&at| (calls - at) as f64 / (duration_s - STEADY_FROM_S as f64)),
         bound,
         sold_pct: f.admitted as f64 * 100.0 / bound as f64,
+        could_sell: bound.min(f.decisions),
+        sold_of_could_pct: f.admitted as f64 * 100.0 / bound.min(f.decisions).max(1) as f64,
         unsold: i64::try_from(bound).unwrap_or(i64::MAX) - i64::try_from(f.admitted).unwrap_or(i64::MAX),
         calls_by_second: f.calls_at.windows(2).map(|w| w[1] - w[0]).collect(),
     }
@@ -159,6 +165,8 @@ pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
         "admitted": f.admitted,
         "bound": d.bound,
         "sold_pct": num(d.sold_pct),
+        "could_sell": d.could_sell,
+        "sold_of_could_pct": num(d.sold_of_could_pct),
         "unsold": d.unsold,
         "leased_tokens": f.leased,
         "returned_tokens": f.returned,
@@ -214,6 +222,10 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
     println!(
         "  admitted             {:>10}   of the bound {} = capacity + rate × (duration + ttl): {:.1} %",
         f.admitted, d.bound, d.sold_pct
+    );
+    println!(
+        "  of what could sell   {:>10.1} % (the bound, or the {} decisions made where fewer)",
+        d.sold_of_could_pct, d.could_sell
     );
     println!("  unsold               {:>10}", d.unsold);
     println!(
