@@ -397,14 +397,14 @@ async fn a_charge_holds_the_bucket_for_every_process_until_the_others_could_char
         // real time: the hold runs out in Redis.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The hold the refusal met may be the fleet's, set when the seller saw the outage end, with the seller's
+    // charge landing a moment later (1 run in 3 to 5 on a 2-core machine): the refusal then reads the bucket
+    // before the charge (19 left), after it otherwise (Redis lost the key: full again, less what was sold alone).
+    assert!(d.remaining >= 20 - alone, "{d:?}, {alone} sold alone");
     assert_eq!(
-        d.remaining,
+        sold,
         20 - alone,
-        "the charge landed before the refusal (Redis lost the key: full again, less what was sold alone)"
-    );
-    assert_eq!(
-        sold, d.remaining,
-        "what is left after the charge, once the hold is over"
+        "once the hold is over, what is left after the charge, none of what was sold alone"
     );
     seller.shutdown().await;
     other.shutdown().await;

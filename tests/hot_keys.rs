@@ -190,3 +190,47 @@ async fn a_dropped_limiters_bucket_never_answers_for_a_new_one() {
         drop(limiter);
     }
 }
+
+/// One process, a leased bucket of 5 refilled 5 a second (batches 1 to 5, TTL 1 s, hot from the first
+/// decision): 8 decisions at t = 0 admit the 5 the bucket holds; 2 s later it is full again, and 8 more admit
+/// 5 again. A full bucket sells what it holds whatever the lease settings (issue "sell": it admitted 1 of 5, the
+/// rest refused for 500 ms).
+#[tokio::test(start_paused = true)]
+async fn a_full_bucket_sells_what_it_holds_after_an_idle_gap() {
+    let rule = Rule::token_bucket("sku", 5, 5, Duration::from_secs(1))
+        .and_then(|r| {
+            r.with_lease(Lease {
+                min_batch: 1,
+                max_batch: 5,
+                ttl: Duration::from_secs(1),
+                hot_after: Some(1),
+            })
+        })
+        .expect("rule");
+    let limiter = processes(1, &rule).remove(0);
+    for round in 0..2 {
+        // One after the other, then at once (callers waiting on one lease).
+        let mut admitted = 0;
+        for _ in 0..8 {
+            if limiter.check("sku", "k", 1).await.expect("check").allowed {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 5, "round {round}, one after the other: a full bucket of 5");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let checks: Vec<_> = (0..8)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move { limiter.check("sku", "k", 1).await })
+            })
+            .collect();
+        let mut admitted = 0;
+        for check in checks {
+            if check.await.expect("task").expect("check").allowed {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 5, "round {round}, at once: a full bucket of 5");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
