@@ -178,3 +178,15 @@ fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
     assert_eq!(b.expire(500 * MS, 4), 0, "nothing released later");
     assert_eq!(b.try_take(1, 500 * MS), Take::Empty);
 }
+
+#[test]
+fn the_demand_is_averaged_over_a_ttl_weighted_by_time() {
+    let ttl = 200 * MS;
+    // No estimate yet, or a whole TTL or more since the last lease: the rate since then.
+    assert_eq!(smoothed(0, (10, 100 * MS), ttl), 100);
+    assert_eq!(smoothed(500, (30, 300 * MS), ttl), 100);
+    // Half a TTL since the last lease: half the old rate, half the new.
+    assert_eq!(smoothed(500, (10, 100 * MS), ttl), 300);
+    // Two leases a millisecond apart with no decision between them: the key is not read as idle.
+    assert_eq!(smoothed(500, (0, MS), ttl), 497);
+}
