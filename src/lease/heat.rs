@@ -48,7 +48,7 @@ impl Heat {
     pub(crate) fn observe(&self, hash: u64, now_ns: u64) -> u64 {
         self.age(now_ns);
         let cells = Self::cells(hash);
-        let counts = cells.map(|i| self.counters[i].load(Ordering::Relaxed));
+        let counts = self.counts(cells);
         let min = counts.iter().copied().min().unwrap_or(0);
         // Conservative update: only the counters at the minimum grow.
         for (i, count) in cells.into_iter().zip(counts) {
@@ -61,8 +61,12 @@ impl Heat {
 
     /// The estimate of the key with this `hash`, as [`Self::observe`] returns it, without counting a decision.
     pub(crate) fn estimate(&self, hash: u64) -> u64 {
-        let counts = Self::cells(hash).map(|i| self.counters[i].load(Ordering::Relaxed));
-        u64::from(counts.iter().copied().min().unwrap_or(0))
+        u64::from(self.counts(Self::cells(hash)).into_iter().min().unwrap_or(0))
+    }
+
+    /// The counters at these cells.
+    fn counts(&self, cells: [usize; DEPTH]) -> [u16; DEPTH] {
+        cells.map(|i| self.counters[i].load(Ordering::Relaxed))
     }
 
     /// Makes the key with this `hash` at least `count` hot at once (its cells raised to it): the store showed

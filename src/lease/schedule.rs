@@ -148,7 +148,7 @@ pub(crate) fn paced_turn(
     let chunk = u64::try_from(chunk).unwrap_or(u64::MAX).max(cost).max(1);
     let chunk_ms = u128::from(chunk) * 1_000 / u128::from(demand_per_s);
     let chunk_ms = u64::try_from(chunk_ms).unwrap_or(u64::MAX).max(1);
-    let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(span_chunks((bucket, lease), chunk_ms)));
+    let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(span_chunks(bucket, chunk_ms)));
     if turn <= spendable || turn <= chunk {
         return None;
     }
@@ -165,7 +165,7 @@ const MAX_CHUNKS: u64 = 20;
 
 /// The most chunks, one every `chunk_ms`, a paced grant is released in: as many as fit in the time the refill
 /// takes to make half the burst (at least 2, at most [`MAX_CHUNKS`]). 10 with the shipped rule (1 s).
-pub(crate) fn span_chunks((bucket, _): (&TokenBucket, &Lease), chunk_ms: u64) -> u64 {
+pub(crate) fn span_chunks(bucket: &TokenBucket, chunk_ms: u64) -> u64 {
     let half_burst_ms = u128::from(bucket.capacity) * u128::from(bucket.per_ms) / u128::from(bucket.rate.max(1)) / 2;
     u64::try_from(half_burst_ms / u128::from(chunk_ms.max(1)))
         .unwrap_or(u64::MAX)

@@ -115,6 +115,7 @@ fn derive(setup: &Setup, f: &Figures) -> Derived {
         .filter(|_| duration_s > STEADY_FROM_S as f64);
     let steady_admitted: u64 = f.admitted_by_second.iter().skip(STEADY_FROM_S).sum();
     let bound = setup.bound();
+    let could_sell = bound.min(f.decisions);
     Derived {
         calls,
         calls_per_s: calls as f64 / duration_s,
@@ -123,8 +124,8 @@ fn derive(setup: &Setup, f: &Figures) -> Derived {
         steady_calls_per_s: steady.map(|&at| (calls - at) as f64 / (duration_s - STEADY_FROM_S as f64)),
         bound,
         sold_pct: f.admitted as f64 * 100.0 / bound as f64,
-        could_sell: bound.min(f.decisions),
-        sold_of_could_pct: f.admitted as f64 * 100.0 / bound.min(f.decisions).max(1) as f64,
+        could_sell,
+        sold_of_could_pct: f.admitted as f64 * 100.0 / could_sell.max(1) as f64,
         unsold: i64::try_from(bound).unwrap_or(i64::MAX) - i64::try_from(f.admitted).unwrap_or(i64::MAX),
         calls_by_second: f.calls_at.windows(2).map(|w| w[1] - w[0]).collect(),
     }
