@@ -76,6 +76,11 @@ pub struct ProcessConfig {
     /// A leased key untouched this long is evicted (its tokens are given back first).
     #[serde(default = "default_idle_ttl", with = "humantime_serde")]
     pub idle_ttl: Duration,
+    /// Keys whose last refusal by the store this process remembers, over all rules: such a key is refused
+    /// locally until the refusal's `retry_after` (invariant 4). The oldest are evicted beyond it (S3-FIFO);
+    /// 0 remembers none. Default 100 000 (about 100 bytes each, plus the key).
+    #[serde(default = "default_max_refused_keys")]
+    pub max_refused_keys: usize,
 }
 
 impl Default for ProcessConfig {
@@ -84,6 +89,7 @@ impl Default for ProcessConfig {
             max_key_bytes: default_max_key_bytes(),
             max_local_keys: default_max_local_keys(),
             idle_ttl: default_idle_ttl(),
+            max_refused_keys: default_max_refused_keys(),
         }
     }
 }
@@ -95,6 +101,9 @@ fn default_max_key_bytes() -> usize {
     512
 }
 fn default_max_local_keys() -> usize {
+    100_000
+}
+fn default_max_refused_keys() -> usize {
     100_000
 }
 fn default_idle_ttl() -> Duration {

@@ -6,7 +6,8 @@
 //! [`Engine::decide_now`] is the part decided without waiting: the key and cost checked against the rule, then
 //! the key's leased tokens when it has them (tens of nanoseconds, this thread's cache of the key's bucket first).
 //! [`Engine::decide`] is the rest: a peek for a cost of 0, a hot key's lease or its fail mode (`lease/engine.rs`),
-//! or one store call, decided by the rule's `fail_mode` when the store fails (`fallback/`).
+//! or one store call, decided by the rule's `fail_mode` when the store fails (`fallback/`). A key the store
+//! refused lately is refused in process until the refusal's `retry_after` (`refusals.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,24 @@ impl Engine {
             return Err(Error::ShutDown);
         }
         self.validate(compiled, key, cost)?;
-        Ok(self.answer_hot(compiled, key, cost))
+        if let Some(decision) = self.answer_hot(compiled, key, cost) {
+            return Ok(Some(decision));
+        }
+        Ok(self.answer_refused(compiled, key, cost))
+    }
+
+    /// The refusal this process remembers for `key` (invariant 4, `refusals.rs`): the store refused it lately
+    /// and its `retry_after` has not passed. A key with a local bucket is left to it.
+    #[inline]
+    fn answer_refused(&self, compiled: &Compiled, key: &str, cost: u64) -> Option<Decision> {
+        if cost == 0 || (compiled.leased && compiled.leases.contains_key(key)) {
+            return None;
+        }
+        let refused = self
+            .refusals
+            .answer(compiled.generation, key, cost, self.recent.now_ns())?;
+        compiled.metrics.refusals_cached.increment(1);
+        Some(compiled.record(refused))
     }
 
     /// The hot path of a valid check: the key's leased tokens or its cached refusal, `None` when the key has no
@@ -114,13 +132,21 @@ impl Engine {
     async fn check_store(&self, compiled: &Compiled, algorithm: &Algorithm, key: &str, cost: u64) -> Decision {
         let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
         let call = Call::check(algorithm, &store_key, cost, 1, &self.members);
+        let sent_ns = self.clock.now_ns();
         // What fail_mode local admitted alone is charged first, so this call's answer counts it (invariant 12).
         match self
             .fallback
             .run((compiled.fail_mode, algorithm), &store_key, &call)
             .await
         {
-            Ok(reply) => Decision::from_reply(&reply, cost, self.store.source()),
+            Ok(reply) => {
+                let decision = Decision::from_reply(&reply, cost, self.store.source());
+                if !decision.allowed {
+                    let rule = compiled.generation;
+                    self.refusals.remember(rule, key, cost, &decision, sent_ns);
+                }
+                decision
+            }
             Err(Unsettled::Failed(error)) => {
                 tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
                 let reason = FailReason::of(&error);

@@ -13,7 +13,7 @@ use crate::algorithm::{Reply, NEVER};
 /// Where a decision was made: the `source` label of `tokenlease_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Source {
-    /// From tokens leased into this process (or from its cached refusal of a leased key).
+    /// In this process: from its leased tokens, or from a refusal it remembers until the store's `retry_after`.
     Local,
     /// By a script in Redis.
     Redis,

@@ -19,6 +19,7 @@ pub mod http;
 mod lease;
 mod limiter;
 mod queue;
+mod refusals;
 mod rule;
 mod store;
 pub mod telemetry;

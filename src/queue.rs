@@ -12,6 +12,7 @@ use crate::compiled::{Abandoned, Compiled, Line};
 use crate::decision::{from_protocol_ms, Permit, Source};
 use crate::error::Error;
 use crate::fallback::{Fallback, Unsettled};
+use crate::refusals::Refusals;
 use crate::rule::Algorithm;
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
@@ -24,6 +25,9 @@ pub(crate) struct Queue {
     pub(crate) members: Arc<Members>,
     pub(crate) background: Arc<Background>,
     pub(crate) key_prefix: String,
+    /// The refusals this process remembers: a key this process reserves on, or hands a slot back to, is asked
+    /// again at its next check.
+    pub(crate) refusals: Arc<Refusals>,
 }
 
 /// Counts a caller in its rule's queue depth while it lives.
@@ -50,6 +54,8 @@ impl Drop for Waiting<'_> {
 struct Reserved<'a> {
     queue: &'a Queue,
     call: &'a Call,
+    /// The rule's generation and the caller's key, whose remembered refusal a slot handed back makes stale.
+    key: (u64, &'a str),
     line: Arc<Line>,
     /// The slot, when it may be taken over (leaky buckets).
     slot: Option<Abandoned>,
@@ -66,6 +72,7 @@ impl Drop for Reserved<'_> {
         let back = back.once(self.queue.members.next());
         let (store, fallback) = (self.queue.store.clone(), self.queue.fallback.clone());
         let (line, slot) = (self.line.clone(), self.slot);
+        let (refusals, rule, key) = (self.queue.refusals.clone(), self.key.0, self.key.1.to_owned());
         let local = self.slot.is_some_and(|s| s.source == Source::Fallback);
         if tokio::runtime::Handle::try_current().is_ok() {
             self.queue.background.spawn(async move {
@@ -78,12 +85,12 @@ impl Drop for Reserved<'_> {
                     // Someone is queued behind it (or the store failed): the slot stays reserved; a later
                     // caller of this process takes it over rather than queueing behind it.
                     (Ok(reply), Some(slot)) if reply.granted == 0 => line.abandon(slot),
+                    (Ok(_), _) => refusals.forget(rule, &key),
                     (Err(error), Some(slot)) => {
                         tracing::debug!(%error, "could not hand a queue slot back");
                         line.abandon(slot);
                     }
                     (Err(error), None) => tracing::debug!(%error, "could not hand a queue slot back"),
-                    (Ok(_), _) => {}
                 }
             });
         }
@@ -183,7 +190,11 @@ impl Queue {
             }
         };
         let (reply, source) = match result {
-            Ok(reply) => (reply, self.store.source()),
+            Ok(reply) => {
+                // The key's schedule moved: a check refused before asks the store again.
+                self.refusals.forget(compiled.generation, key);
+                (reply, self.store.source())
+            }
             Err(error) => {
                 let alone = self
                     .fallback
@@ -209,6 +220,7 @@ impl Queue {
             let mut reserved = Reserved {
                 queue: self,
                 call: &call,
+                key: (compiled.generation, key),
                 line: line.clone(),
                 slot: recyclable.then_some(Abandoned { at, cost, source }),
                 done: false,

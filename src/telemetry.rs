@@ -31,6 +31,9 @@ pub const REDIS_ERRORS_TOTAL: &str = "tokenlease_redis_errors_total";
 /// (the store did not take it before shutdown's patience ran out), by `rule`: how far over the limit the fleet
 /// may have gone.
 pub const DEBT_DROPPED_TOKENS_TOTAL: &str = "tokenlease_debt_dropped_tokens_total";
+/// Refusals answered in process because the store refused the key lately and its `retry_after` has not
+/// passed (invariant 4), by `rule`; also counted in `tokenlease_decisions_total` as `rejected`, `local`.
+pub const REFUSALS_CACHED_TOTAL: &str = "tokenlease_refusals_cached_total";
 /// Keys held in the local lease cache.
 pub const LOCAL_KEYS: &str = "tokenlease_local_keys";
 /// Keys of a rule that lease in this process now (hot keys), by `rule`.
@@ -72,6 +75,11 @@ pub fn describe() {
         FAIL_MODE_DECISIONS_TOTAL,
         Unit::Count,
         "Decisions made by fail_mode because the store failed, by rule and reason (error, timeout, circuit_open)"
+    );
+    describe_counter!(
+        REFUSALS_CACHED_TOTAL,
+        Unit::Count,
+        "Refusals answered in process until the retry_after of the store's last refusal of the key, by rule"
     );
     describe_counter!(
         LEASES_TOTAL,
@@ -156,6 +164,7 @@ pub(crate) struct RuleMetrics {
     pub(crate) queue_depth: Gauge,
     pub(crate) queue_wait: Histogram,
     pub(crate) debt_dropped: Counter,
+    pub(crate) refusals_cached: Counter,
 }
 
 /// Which series a rule can produce: only those are registered, so that dashboards show what exists.
@@ -231,10 +240,11 @@ impl RuleMetrics {
                 Histogram::noop()
             },
             debt_dropped: if series.debts {
-                counter!(DEBT_DROPPED_TOKENS_TOTAL, "rule" => rule)
+                counter!(DEBT_DROPPED_TOKENS_TOTAL, "rule" => rule.clone())
             } else {
                 Counter::noop()
             },
+            refusals_cached: counter!(REFUSALS_CACHED_TOTAL, "rule" => rule),
         }
     }
 

@@ -185,10 +185,11 @@ async fn past_the_hold(l: &Limiter, rule: &str, key: &str) -> bool {
 /// the bucket in Redis this long.
 const SPREAD: Duration = Duration::from_millis(600);
 
-/// Whether `d` is the refusal of a bucket held after a charge: by Redis, for the rest of the spread (the rules'
-/// own refusals wait for a refill of an hour).
+/// Whether `d` is the refusal of a bucket held after a charge, for the rest of the spread: by Redis, or by this
+/// process remembering Redis's refusal until its retry_after (the rules' own refusals wait for a refill of an
+/// hour).
 fn held_by_redis(d: &tokenlease::Decision) -> bool {
-    !d.allowed && d.source == Source::Redis && d.retry_after <= SPREAD
+    !d.allowed && matches!(d.source, Source::Redis | Source::Local) && d.retry_after <= SPREAD
 }
 
 /// Allowed decisions of `rule` on `key` until `calls` calls were made by `source` (the refusals of a bucket held

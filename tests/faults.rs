@@ -36,7 +36,9 @@ async fn script_flush_is_reloaded_transparently() {
     }
 }
 
-/// FLUSHALL (or a restart that loses every key) resets every limit: buckets restart full, logs empty.
+/// FLUSHALL (or a restart that loses every key) resets every limit: buckets restart full, logs empty. A process
+/// that saw a key refused keeps refusing it until the refusal's retry_after (it may sell less, never more), unless
+/// it is told with `reset`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_restarts_buckets_full() {
     let server = common::RedisServer::start();
@@ -51,9 +53,21 @@ async fn flushall_restarts_buckets_full() {
         );
     }
     assert!(server.cmd(&["FLUSHALL"]).expect("flushall").contains("OK"));
+    let other = on_redis(&server);
     for rule in ["tb", "log"] {
-        let d = l.check(rule, "k", 1).await.expect("check");
+        let d = other.check(rule, "k", 1).await.expect("check");
         assert!(d.allowed && d.source == Source::Redis, "{rule} starts over: {d:?}");
+        let d = l.check(rule, "k", 1).await.expect("check");
+        assert!(
+            !d.allowed && d.source == Source::Local,
+            "{rule}: the refusal is remembered: {d:?}"
+        );
+        l.reset(rule, "k").await.expect("reset");
+        let d = l.check(rule, "k", 1).await.expect("check");
+        assert!(
+            d.allowed && d.source == Source::Redis,
+            "{rule}: reset forgets it: {d:?}"
+        );
     }
 }
 

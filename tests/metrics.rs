@@ -68,7 +68,7 @@ async fn decisions_leases_and_redis_latency_are_recorded() {
     for _ in 0..30 {
         allowed += u64::from(limiter.check("sku", "a", 1).await.expect("check").allowed);
     }
-    for _ in 0..3 {
+    for _ in 0..5 {
         let _ = limiter.check("post", "u1", 1).await.expect("check");
     }
     assert_eq!(allowed, 10);
@@ -87,6 +87,12 @@ async fn decisions_leases_and_redis_latency_are_recorded() {
     assert_eq!(d("sku", "rejected", "local"), 20);
     assert_eq!(d("post", "allowed", "redis"), 2);
     assert_eq!(d("post", "rejected", "redis"), 1);
+    // The next two refusals are answered in process until Redis's retry_after (no call).
+    assert_eq!(d("post", "rejected", "local"), 2);
+    assert_eq!(
+        counter(&snap, "tokenlease_refusals_cached_total", &[("rule", "post")]),
+        2
+    );
     assert_eq!(
         counter(
             &snap,
@@ -106,7 +112,7 @@ async fn decisions_leases_and_redis_latency_are_recorded() {
         0
     );
     assert_eq!(counter(&snap, "tokenlease_leased_tokens_total", &[("rule", "sku")]), 10);
-    // Three direct checks of `post`, two leases of `sku` (the lease script hands out turns).
+    // Three direct checks of `post` (of five), two leases of `sku` (the lease script hands out turns).
     assert_eq!(
         histogram_samples(&snap, "tokenlease_redis_duration_seconds", "token_bucket"),
         3

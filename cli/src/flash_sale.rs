@@ -55,9 +55,13 @@ pub struct Args {
     /// Redis URL (overrides the config); `memory` forces the in-process store.
     #[arg(long)]
     redis: Option<String>,
-    /// One store call per decision (the baseline): the rule's lease is removed.
+    /// One store call per decision (the baseline): the rule's lease is removed and no refusal is remembered.
     #[arg(long)]
     no_lease: bool,
+    /// Keys whose store refusal each process remembers until its retry_after (overrides `[process]
+    /// max_refused_keys`; 0: every refusal is a store call).
+    #[arg(long)]
+    max_refused_keys: Option<usize>,
     /// Print one JSON object on the last line.
     #[arg(long)]
     json: bool,
@@ -187,6 +191,7 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         duration_ms: u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX),
         start_at_ms,
         no_lease: args.no_lease,
+        max_refused_keys: if args.no_lease { Some(0) } else { args.max_refused_keys },
     };
 
     let progress = indicatif::ProgressBar::new(args.duration.as_secs().max(1));

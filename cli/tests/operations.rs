@@ -299,6 +299,52 @@ fn sidecar_answers_200_then_429_with_the_rate_limit_headers() {
     );
 }
 
+/// A client hammering keys over their limits through the sidecar (a PHP page retrying a login, a bot posting):
+/// each key costs Redis its allowed calls and one refusal, and the refusals after it are answered in process
+/// until the window has room (invariant 4). Before `src/refusals.rs`: 406 EVALSHA for the 400 refusals.
+#[test]
+fn a_client_hammering_keys_over_their_limits_costs_redis_one_call_per_retry_after() {
+    let redis = common::RedisServer::start();
+    let config = format!(
+        "[redis]\nurl = \"{}\"\ntimeout = \"1s\"\nfail_mode = \"closed\"\n{}",
+        redis.url(),
+        r#"
+[[rule]]
+name = "login"
+algorithm = "fixed_window"
+limit = 5
+window = "60s"
+
+[[rule]]
+name = "post"
+algorithm = "sliding_log"
+limit = 5
+window = "60s"
+"#
+    );
+    let sidecar = Sidecar::start(&config);
+    let before = redis.script_calls();
+    let mut refused = 0;
+    for rule in ["login", "post"] {
+        for _ in 0..205 {
+            let answer = sidecar.check(rule, "user:7");
+            refused += u32::from(answer.status == 429);
+        }
+    }
+    let calls = redis.script_calls() - before;
+    assert_eq!(refused, 400);
+    // 5 allowed and 1 refused per rule, the other 398 refusals answered in process; a script's first call may
+    // be sent twice (EVALSHA, then EVAL after NOSCRIPT).
+    assert!((12..=14).contains(&calls), "{calls} script calls for 410 checks");
+    let metrics = sidecar.get("/metrics").body;
+    let cached = metrics
+        .lines()
+        .filter(|l| l.starts_with("tokenlease_refusals_cached_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert_eq!(cached, 398.0, "{metrics}");
+}
+
 #[test]
 fn sidecar_refuses_bad_requests_with_clear_messages() {
     let sidecar = Sidecar::start(rules());

@@ -16,6 +16,7 @@ use crate::config::ProcessConfig;
 use crate::decision::{Decision, Source};
 use crate::error::FailReason;
 use crate::fallback::{Fallback, Unsettled};
+use crate::refusals::Refusals;
 use crate::rule::{Algorithm, Lease};
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
@@ -39,6 +40,8 @@ pub(crate) struct Engine {
     pub(crate) returned_tokens: AtomicU64,
     /// Unique members of direct sliding-log and leaky-bucket calls.
     pub(crate) members: Arc<Members>,
+    /// The keys the store refused lately, refused locally until their `retry_after` (invariant 4).
+    pub(crate) refusals: Arc<Refusals>,
 }
 
 /// A decision made from leased tokens, in plain integers.

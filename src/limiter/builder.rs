@@ -17,6 +17,7 @@ use crate::fallback::Fallback;
 use crate::fleet::Fleet;
 use crate::lease::engine::Engine;
 use crate::queue::Queue;
+use crate::refusals::Refusals;
 use crate::rule::{self, FailMode, Rule};
 use crate::store::call::Members;
 use crate::store::guarded::{Guarded, Timeouts};
@@ -151,7 +152,9 @@ impl LimiterBuilder {
             self.process.max_local_keys,
         );
         let fallback = Arc::new(fallback);
+        let refusals = Arc::new(Refusals::new(self.process.max_refused_keys));
         let queue = Queue {
+            refusals: refusals.clone(),
             store: store.clone(),
             fallback: fallback.clone(),
             members: members.clone(),
@@ -173,6 +176,7 @@ impl LimiterBuilder {
             leased_tokens: AtomicU64::new(0),
             returned_tokens: AtomicU64::new(0),
             members,
+            refusals,
         });
         let inner = Arc::new(Inner {
             rules: ArcSwap::from_pointee(rules),

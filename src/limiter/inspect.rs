@@ -76,6 +76,7 @@ impl Limiter {
         let engine = &self.inner.engine;
         let call = Call::reset(store_key(&engine.key_prefix, &compiled.rule.name, key));
         engine.store.run(&call).await?;
+        engine.refusals.forget(compiled.generation, key);
         Ok(())
     }
 }

@@ -54,6 +54,11 @@ pub struct LimiterStats {
     pub fail_mode_timeouts: u64,
     /// Decisions made by `fail_mode` because the circuit breaker was open (the store was not called).
     pub fail_mode_circuit_open: u64,
+    /// Refusals answered in process because the store refused the key lately and its `retry_after` had not
+    /// passed (no store call).
+    pub refusals_answered: u64,
+    /// Keys whose last refusal this process remembers now (at most `max_refused_keys`).
+    pub refused_keys: usize,
 }
 
 #[derive(Debug)]
@@ -316,6 +321,8 @@ impl Limiter {
             fail_mode_errors,
             fail_mode_timeouts,
             fail_mode_circuit_open,
+            refusals_answered: engine.refusals.answered(),
+            refused_keys: engine.refusals.len(),
         }
     }
 

@@ -36,6 +36,8 @@ pub(super) struct Spec {
     pub(super) duration_ms: u64,
     pub(super) start_at_ms: u64,
     pub(super) no_lease: bool,
+    /// Overrides `[process] max_refused_keys`.
+    pub(super) max_refused_keys: Option<usize>,
 }
 
 /// A worker process.
@@ -55,6 +57,9 @@ pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
                 *lease = None;
             }
         }
+    }
+    if let Some(n) = spec.max_refused_keys {
+        config.process.max_refused_keys = n;
     }
     if let (0, Some(metrics)) = (spec.index, &config.metrics) {
         // A busy port must not stop the run: say so and go on without an exporter.
