@@ -15,7 +15,7 @@ pub(super) struct Report {
     pub(super) admitted: u64,
     pub(super) rejected: u64,
     pub(super) errors: u64,
-    /// Hot-key (or SKU) decisions made from leased tokens in process (`source = local`).
+    /// Hot-key (or SKU) decisions made in process (`source = local`): from leased tokens, or a remembered refusal.
     pub(super) by_lease: u64,
     /// Hot-key (or SKU) decisions made by a store call (`source = redis` or `memory`).
     pub(super) by_store: u64,
@@ -30,6 +30,13 @@ pub(super) struct Report {
     pub(super) redis_calls: u64,
     pub(super) leased_tokens: u64,
     pub(super) returned_tokens: u64,
+    /// Refusals the limiter answered in process from a refusal it remembered (no store call).
+    #[serde(default)]
+    pub(super) refusals_answered: u64,
+    /// The worker's peak resident memory in KiB (Linux's `VmHWM`; 0 where unknown); the most of any worker
+    /// once merged.
+    #[serde(default)]
+    pub(super) peak_rss_kib: u64,
     pub(super) first_us: u64,
     pub(super) last_us: u64,
     pub(super) histogram: String,
@@ -92,6 +99,8 @@ pub(super) fn merge(reports: &[Report]) -> Result<(Report, Histogram<u64>), Stri
         total.redis_calls += r.redis_calls;
         total.leased_tokens += r.leased_tokens;
         total.returned_tokens += r.returned_tokens;
+        total.refusals_answered += r.refusals_answered;
+        total.peak_rss_kib = total.peak_rss_kib.max(r.peak_rss_kib);
         total.fail_mode_errors += r.fail_mode_errors;
         total.fail_mode_timeouts += r.fail_mode_timeouts;
         total.fail_mode_circuit_open += r.fail_mode_circuit_open;

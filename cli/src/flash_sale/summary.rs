@@ -177,6 +177,8 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             "redis_calls_per_decision": calls_per_decision,
             "leased_tokens": total.leased_tokens,
             "returned_tokens": total.returned_tokens,
+            "refusals_answered": total.refusals_answered,
+            "peak_rss_mib": total.peak_rss_kib as f64 / 1024.0,
             "decisions_per_s": decisions_per_s,
             "latency_us": { "p50": q(0.5), "p99": q(0.99), "p999": q(0.999) },
         });

@@ -107,12 +107,24 @@ pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
     report.redis_calls = stats.store_calls;
     report.leased_tokens = stats.leased_tokens;
     report.returned_tokens = stats.returned_tokens;
+    report.refusals_answered = stats.refusals_answered;
+    report.peak_rss_kib = peak_rss_kib();
     report.fail_mode_errors = stats.fail_mode_errors;
     report.fail_mode_timeouts = stats.fail_mode_timeouts;
     report.fail_mode_circuit_open = stats.fail_mode_circuit_open;
     report.histogram = encode_histogram(&hist)?;
     report.keys = tally.map(|t| t.counts());
     Ok(report)
+}
+
+/// This process's peak resident memory in KiB, from `/proc/self/status` (0 where there is none).
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 async fn run_task(
