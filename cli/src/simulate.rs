@@ -69,6 +69,9 @@ pub struct Args {
     /// saturates the shipped rule 100 times over).
     #[arg(long, default_value_t = 100_000)]
     demand: u64,
+    /// Skewed demand: a tenth of the processes (at least one) carry half of `--demand`, the others the other half.
+    #[arg(long)]
+    skew: bool,
     /// The rule (default: the first token_bucket rule with a lease).
     #[arg(long)]
     rule: Option<String>,
@@ -193,6 +196,7 @@ fn setup(args: &Args, rule: &Rule, rtt: Duration) -> Result<Setup, String> {
         rtt_ms: rtt.as_secs_f64() * 1000.0,
         duration: args.duration,
         demand_per_s: args.demand,
+        skew: args.skew,
         rule: rule.name.clone(),
         capacity: bucket.capacity,
         rate_per_s: bucket.rate as f64 * 1000.0 / bucket.per_ms as f64,
@@ -230,9 +234,9 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
     let start = tokio::time::Instant::now();
     let timeline = Arc::new(Timeline::new(args.duration));
     let counts = Arc::new(Counts::default());
-    let pace = Pace::new(args.demand, args.processes);
     let mut drivers = tokio::task::JoinSet::new();
     for (i, handle) in handles.into_iter().enumerate() {
+        let pace = Pace::new(per_process(args, i));
         let phase = pace.tick.mul_f64(i as f64 / f64::from(args.processes));
         let driver = Driver {
             handle,
@@ -263,6 +267,7 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
         errors: counts.errors.load(Ordering::Relaxed),
         admitted: admitted.iter().sum(),
         calls_at: fleet_at.iter().map(|f| f.calls).collect(),
+        ops_at: fleet_at.iter().map(|f| f.ops).collect(),
         leased_by_second: Fleet::per_second(&fleet_at, |f| f.leased),
         returned_by_second: Fleet::per_second(&fleet_at, |f| f.returned),
         admitted_by_second: timeline::per_second(&admitted),
@@ -270,7 +275,7 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
         leased: at_end.leased,
         returned: at_end.returned,
         fail_mode: at_end.fail_mode,
-        beats: at_end.beats - fleet_at.first().map_or(0, |f| f.beats),
+        beats: fleet_at.last().map_or(0, |f| f.beats) - fleet_at.first().map_or(0, |f| f.beats),
         counted,
         real_s: 0.0,
     })
@@ -288,25 +293,86 @@ struct Fleet {
     fail_mode: u64,
     /// The fleet's beats (not in `calls`).
     beats: u64,
+    /// Store operations (beats included) by [`Kind`].
+    ops: [u64; Kind::ALL.len()],
+}
+
+/// A kind of store operation, as `simulate` counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A lease (`token_lease`).
+    Lease,
+    /// A give-back of unused tokens, or a debit (`token_return`).
+    GiveBack,
+    /// A decision of a key that does not lease (`token_bucket`).
+    Check,
+    /// A beat of the fleet's roster (`fleet`).
+    Beat,
+    /// Anything else (a queue's or a window's charge, a reset...).
+    Other,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 5] = [Self::Lease, Self::GiveBack, Self::Check, Self::Beat, Self::Other];
+
+    /// The kind of a call of the script named `script`.
+    fn of(script: &str) -> Self {
+        match script {
+            "token_lease" => Self::Lease,
+            "token_return" => Self::GiveBack,
+            "token_bucket" => Self::Check,
+            "fleet" => Self::Beat,
+            _ => Self::Other,
+        }
+    }
+
+    /// The name in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Lease => "lease",
+            Self::GiveBack => "give_back",
+            Self::Check => "check",
+            Self::Beat => "beat",
+            Self::Other => "other",
+        }
+    }
 }
 
 impl Fleet {
     fn of(limiters: &[Limiter]) -> Self {
-        limiters
-            .iter()
-            .map(Limiter::stats)
-            .fold(Self::default(), |acc, s| Self {
-                calls: acc.calls + s.store_calls,
-                leased: acc.leased + s.leased_tokens,
-                returned: acc.returned + s.returned_tokens,
-                fail_mode: acc.fail_mode + s.fail_mode_errors + s.fail_mode_timeouts + s.fail_mode_circuit_open,
-                beats: acc.beats + s.beats,
-            })
+        let mut fleet = Self::default();
+        for limiter in limiters {
+            let s = limiter.stats();
+            fleet.calls += s.store_calls;
+            fleet.leased += s.leased_tokens;
+            fleet.returned += s.returned_tokens;
+            fleet.fail_mode += s.fail_mode_errors + s.fail_mode_timeouts + s.fail_mode_circuit_open;
+            fleet.beats += s.beats;
+            for (script, n) in limiter.store_calls_by_script() {
+                fleet.ops[Kind::of(script) as usize] += n;
+            }
+        }
+        fleet
     }
 
     /// How much a counter grew in each second of the samples.
     fn per_second(samples: &[Fleet], counter: impl Fn(&Fleet) -> u64) -> Vec<u64> {
         samples.windows(2).map(|w| counter(&w[1]) - counter(&w[0])).collect()
+    }
+}
+
+/// The decisions per second process `i` makes: `--demand` over the processes, or with `--skew` half of it over
+/// the first tenth of them (at least one) and half over the rest.
+fn per_process(args: &Args, i: usize) -> f64 {
+    let (demand, processes) = (args.demand as f64, f64::from(args.processes));
+    if !args.skew || args.processes < 2 {
+        return demand / processes;
+    }
+    let heavy = (args.processes / 10).max(1);
+    if i < heavy as usize {
+        demand / 2.0 / f64::from(heavy)
+    } else {
+        demand / 2.0 / f64::from(args.processes - heavy)
     }
 }
 
@@ -319,8 +385,7 @@ struct Pace {
 }
 
 impl Pace {
-    fn new(demand_per_s: u64, processes: u32) -> Self {
-        let per_process = demand_per_s as f64 / f64::from(processes);
+    fn new(per_process: f64) -> Self {
         let tick = Duration::try_from_secs_f64((1.0 / per_process).max(0.001)).unwrap_or(Duration::from_secs(1));
         Self {
             tick,

@@ -116,6 +116,41 @@ fn a_thousand_slow_processes_lease_paced_turns_under_two_calls_per_hundred_token
     );
 }
 
+/// Issue "sell"'s flat store load: a thousand processes deciding 20 times a second each make at most 1 500 store
+/// operations a second, beats included (1 470 on 2026-11-27: 1 000 beats, 247 leases, 200 cold checks, 24
+/// give-backs); at 5 a second each, where no key leases and no fleet is joined, one per decision.
+#[test]
+fn a_thousand_processes_make_a_flat_store_load() {
+    let ops = |report: &serde_json::Value, kind: &str| {
+        report["ops_per_s"][kind]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no ops_per_s.{kind}: {report}"))
+    };
+    let (report, _) = simulate(&["--processes", "1000", "--demand", "20000", "--duration", "10s"]);
+    assert!(number(&report, "worst_window_ratio") <= 1.0, "{report}");
+    let parts: f64 = ["lease", "give_back", "check", "beat", "other"]
+        .iter()
+        .map(|k| ops(&report, k))
+        .sum();
+    assert!((parts - ops(&report, "all")).abs() < 1e-6, "{report}");
+    assert!(ops(&report, "all") <= 1500.0, "{report}");
+    assert!(ops(&report, "beat") > 0.0, "the beats are counted: {report}");
+
+    let (report, _) = simulate(&["--processes", "1000", "--demand", "5000", "--duration", "10s"]);
+    let per_decision = ops(&report, "all") * 10.0 / number(&report, "decisions");
+    assert!(per_decision <= 1.0, "{per_decision} operations per decision: {report}");
+}
+
+/// `--skew`: a tenth of the processes carry half the demand; the fleet still sells what could sell.
+#[test]
+fn a_skewed_fleet_sells_what_could_sell() {
+    let (report, _) = simulate(&["--processes", "64", "--demand", "1500", "--duration", "10s", "--skew"]);
+    assert_eq!(report["skew"], true, "{report}");
+    assert!(number(&report, "worst_window_ratio") <= 1.0, "{report}");
+    let sold = number(&report, "sold_of_could_pct");
+    assert!(sold >= 93.0, "{sold} % of what could sell: {report}");
+}
+
 #[test]
 fn four_processes_sell_nearly_all_of_the_bound_for_a_few_calls() {
     let (report, _) = simulate(&["--processes", "4", "--duration", "10s"]);

@@ -301,6 +301,13 @@ impl Limiter {
         engine.store.calls().saturating_sub(engine.fallback.fleet.beats())
     }
 
+    /// Store calls since the limiter was built, per script, by the script's name (`token_lease` leases,
+    /// `token_return` give-backs and debits, `fleet` beats, `token_bucket`, `fixed_window`... direct checks),
+    /// every script listed; the counts sum to [`Limiter::store_calls`] plus [`LimiterStats::beats`].
+    pub fn store_calls_by_script(&self) -> Vec<(&'static str, u64)> {
+        self.inner.engine.store.calls_by_script()
+    }
+
     /// The live processes of `rule`'s fleet as this limiter last counted them (invariant 17): its roster in the
     /// store, beaten every second by each process that calls the store for the rule; every share of the rule
     /// divides by it. Before the rule's first count (no store call for it yet, or the store never answered) it is

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::breaker::{Admit, Breaker};
+use super::script::Script;
 use super::{Call, Store};
 use crate::algorithm::Reply;
 use crate::clock::Clock;
@@ -67,6 +68,8 @@ pub(crate) struct Guarded {
     breaker: Breaker,
     clock: Arc<dyn Clock>,
     calls: AtomicU64,
+    /// Calls made, per script in [`Script::ALL`]'s order.
+    by_script: [AtomicU64; Script::ALL.len()],
     /// Calls that failed because the store was unavailable or the breaker open: a process whose count moved since
     /// its last beat comes back from an outage ([`crate::fleet`]).
     failures: AtomicU64,
@@ -87,6 +90,7 @@ impl Guarded {
             breaker: Breaker::new(BREAKER_FAILURES, timeouts.breaker_open()),
             clock,
             calls: AtomicU64::new(0),
+            by_script: std::array::from_fn(|_| AtomicU64::new(0)),
             failures: AtomicU64::new(0),
             answered: AtomicBool::new(true),
             last_error: Mutex::new(None),
@@ -168,6 +172,7 @@ impl Guarded {
     /// The store's error.
     pub(crate) async fn run_past_breaker(&self, call: &Call) -> Result<Reply, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        self.by_script[call.script() as usize].fetch_add(1, Ordering::Relaxed);
         let result = self.store.run(call).await;
         self.breaker
             .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
@@ -183,6 +188,15 @@ impl Guarded {
     /// Calls made so far (leases, returns, debits and direct checks).
     pub(crate) fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Calls made so far per script, by name, in [`Script::ALL`]'s order.
+    pub(crate) fn calls_by_script(&self) -> Vec<(&'static str, u64)> {
+        Script::ALL
+            .iter()
+            .zip(&self.by_script)
+            .map(|(script, n)| (script.name(), n.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// The `source` label of the store's decisions.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::timeline::Worst;
+use super::Kind;
 
 /// The run's parameters.
 #[derive(Debug, Clone)]
@@ -18,6 +19,8 @@ pub(crate) struct Setup {
     pub(crate) duration: Duration,
     /// Decisions per second across the fleet.
     pub(crate) demand_per_s: u64,
+    /// A tenth of the processes carry half the demand (`--skew`); else it is spread evenly.
+    pub(crate) skew: bool,
     pub(crate) rule: String,
     /// The bucket's capacity, in tokens.
     pub(crate) capacity: u64,
@@ -58,6 +61,8 @@ pub(crate) struct Figures {
     pub(crate) admitted: u64,
     /// The fleet's store calls so far at 0 s, 1 s, 2 s ... and at the end of the sale.
     pub(crate) calls_at: Vec<u64>,
+    /// The fleet's store operations so far by kind (in [`Kind::ALL`]'s order, beats included), at the same times.
+    pub(crate) ops_at: Vec<[u64; Kind::ALL.len()]>,
     /// Tokens admitted in each second.
     pub(crate) admitted_by_second: Vec<u64>,
     /// Tokens the fleet leased, and gave back, in each second of the sale.
@@ -94,6 +99,9 @@ struct Derived {
     sold_of_could_pct: f64,
     unsold: i64,
     calls_by_second: Vec<u64>,
+    /// Store operations per second by kind (beats included), over the sale and from 3 s on.
+    ops_per_s: [f64; Kind::ALL.len()],
+    steady_ops_per_s: Option<[f64; Kind::ALL.len()]>,
 }
 
 /// Where the steady state starts, in seconds.
@@ -128,7 +136,42 @@ fn derive(setup: &Setup, f: &Figures) -> Derived {
         sold_of_could_pct: f.admitted as f64 * 100.0 / could_sell.max(1) as f64,
         unsold: i64::try_from(bound).unwrap_or(i64::MAX) - i64::try_from(f.admitted).unwrap_or(i64::MAX),
         calls_by_second: f.calls_at.windows(2).map(|w| w[1] - w[0]).collect(),
+        ops_per_s: ops_per_s(f.ops_at.first(), f.ops_at.last(), duration_s),
+        steady_ops_per_s: f
+            .ops_at
+            .get(STEADY_FROM_S)
+            .filter(|_| duration_s > STEADY_FROM_S as f64)
+            .map(|at| ops_per_s(Some(at), f.ops_at.last(), duration_s - STEADY_FROM_S as f64)),
     }
+}
+
+/// Operations per second of each kind between two samples `seconds` apart.
+fn ops_per_s(
+    from: Option<&[u64; Kind::ALL.len()]>,
+    to: Option<&[u64; Kind::ALL.len()]>,
+    seconds: f64,
+) -> [f64; Kind::ALL.len()] {
+    let (from, to) = (from.copied().unwrap_or_default(), to.copied().unwrap_or_default());
+    std::array::from_fn(|k| to[k].saturating_sub(from[k]) as f64 / seconds)
+}
+
+/// Operations per second by kind as a JSON object, with their sum as `all`.
+fn ops_json(ops: &[f64; Kind::ALL.len()]) -> serde_json::Value {
+    let mut object: serde_json::Map<String, serde_json::Value> = Kind::ALL
+        .iter()
+        .map(|k| (k.name().to_owned(), num(ops[*k as usize])))
+        .collect();
+    object.insert("all".to_owned(), num(ops.iter().sum()));
+    serde_json::Value::Object(object)
+}
+
+/// Operations per second by kind as a line of text.
+fn ops_text(ops: &[f64; Kind::ALL.len()]) -> String {
+    let kinds: Vec<String> = Kind::ALL
+        .iter()
+        .map(|k| format!("{} {:.1}", k.name(), ops[*k as usize]))
+        .collect();
+    format!("{:.1} ({})", ops.iter().sum::<f64>(), kinds.join(", "))
 }
 
 /// A number JSON can hold: `null` for NaN (no token admitted).
@@ -139,7 +182,7 @@ fn num(x: f64) -> serde_json::Value {
 /// The run as one JSON object.
 pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
     let d = derive(setup, f);
-    let object = json!({
+    let mut object = json!({
         "processes": setup.processes,
         "expected": setup.expected,
         "rule": setup.rule,
@@ -182,6 +225,12 @@ pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
         "returned_by_second": f.returned_by_second,
         "real_s": num(f.real_s),
     });
+    if let serde_json::Value::Object(fields) = &mut object {
+        fields.insert("skew".into(), setup.skew.into());
+        fields.insert("ops_per_s".into(), ops_json(&d.ops_per_s));
+        let steady = d.steady_ops_per_s.as_ref().map_or(serde_json::Value::Null, ops_json);
+        fields.insert("steady_ops_per_s".into(), steady);
+    }
     object.to_string()
 }
 
@@ -199,8 +248,16 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
         setup.processes, setup.rule, setup.capacity, setup.rate_per_s
     );
     println!(
-        "  {} decisions/s on one key for {:?} of virtual time, store round trip {} ms ({:.1} s of real time)",
-        setup.demand_per_s, setup.duration, setup.rtt_ms, f.real_s
+        "  {} decisions/s on one key{} for {:?} of virtual time, store round trip {} ms ({:.1} s of real time)",
+        setup.demand_per_s,
+        if setup.skew {
+            ", a tenth of the processes carrying half"
+        } else {
+            ""
+        },
+        setup.duration,
+        setup.rtt_ms,
+        f.real_s
     );
     let steady = |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
     println!(
@@ -213,6 +270,10 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
         f.beats as f64 / setup.duration.as_secs_f64(),
         f.counted
     );
+    println!("  operations/s         {}", ops_text(&d.ops_per_s));
+    if let Some(steady) = &d.steady_ops_per_s {
+        println!("    from {STEADY_FROM_S} s on          {}", ops_text(steady));
+    }
     println!(
         "  calls per admitted   {:>10.4}   (from {STEADY_FROM_S} s on: {}; the lease's floor: {}, one lease per \
          min(2 × max_batch, capacity) tokens)",

@@ -124,6 +124,7 @@ mod tests {
             rtt_ms: 0.0,
             duration: Duration::from_secs(1),
             demand_per_s: 1,
+            skew: false,
             rule: "r".into(),
             capacity,
             rate_per_s,
