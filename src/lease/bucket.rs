@@ -292,6 +292,13 @@ impl LocalBucket {
         let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
         // Decisions per ttl/2 at the observed demand: a batch should be spent well within its TTL.
         let horizon_ns = (nanos(lease.ttl) / 2).max(1);
+        // The caller asking is a decision: after half a TTL or more with none counted, the demand is at most one
+        // per that time, not unknown (a slow process in a large fleet leases paced from its first lease).
+        let decided = if elapsed_ns >= horizon_ns {
+            decided.max(1)
+        } else {
+            decided
+        };
         book.demand_per_s = smoothed(book.demand_per_s, (decided, elapsed_ns), nanos(lease.ttl));
         let observed =
             u64::try_from(u128::from(book.demand_per_s) * u128::from(horizon_ns) / 1_000_000_000).unwrap_or(u64::MAX);
