@@ -4,12 +4,11 @@
 //! idle gaps, one process on the in-process store, on tokio's paused clock.
 //!
 //! It fails today, so it is ignored (`cargo test --test undersell -- --ignored` runs it): the cases it shrank to
-//! are in `undersell.proptest-regressions` and replay first. One:
-//! a bucket of 20 refilled 21 a second, batches 1 to 3, TTL 397 ms; 9 decisions at 604 ms, then 7 at 938 ms
-//! admit 3 of the 7 where an unleased rule admits 7, the other 4 refused locally for 198 ms (half the TTL)
-//! while the store holds 10. The paced leases' gate (no lease before a paced lease's last chunk on a saturated
-//! key) and a "saturated" mark kept across an idle gap are suspects, not yet the proven cause. Issue "sell",
-//! item 4: see docs/ARCHITECTURE.md, Known limits.
+//! are in `undersell.proptest-regressions` and replay first. It shrinks now to a bucket of 27 refilled 5 a
+//! second, batches 4 to 5, TTL 20 ms, hot after 2: 1 and 11 decisions at 0 ms, then 7 at 20 ms admit 1 of the 7
+//! where an unleased rule admits 7. Traced: the demand reads 50 a second after the quiet gap, the one process
+//! marks the bucket saturated (less than half the burst left), so the lease is paced a token every 20 ms and the
+//! other 6 are refused until the next chunk. Issue "sell", item 4: see docs/ARCHITECTURE.md, Known limits.
 
 use std::sync::Arc;
 use std::time::Duration;
