@@ -292,8 +292,7 @@ impl LocalBucket {
         let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
         // Decisions per ttl/2 at the observed demand: a batch should be spent well within its TTL.
         let horizon_ns = (nanos(lease.ttl) / 2).max(1);
-        // The caller asking is a decision: after half a TTL or more with none counted, the demand is at most one
-        // per that time, not unknown (a slow process in a large fleet leases paced from its first lease).
+        // The asking caller is a decision: none counted in half a TTL reads as a slow demand, not an unknown one.
         let decided = if elapsed_ns >= horizon_ns {
             decided.max(1)
         } else {
