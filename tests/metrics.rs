@@ -150,7 +150,10 @@ async fn redis_errors_are_counted_by_kind() {
     assert!(!d.allowed, "a process the roster never answered sells nothing alone");
     let snap = snap.snapshot().into_vec();
     let errors = |script| counter(&snap, "tokenlease_redis_errors_total", &[("script", script)]);
-    assert_eq!((errors("fleet"), errors("token_bucket")), (1, 0), "{snap:#?}");
+    // Each beat while cut off fails and is counted (one every 100 ms: a loaded machine may send a second before
+    // the snapshot); the key's script is never called.
+    assert!(errors("fleet") >= 1, "{snap:#?}");
+    assert_eq!(errors("token_bucket"), 0, "{snap:#?}");
     assert_eq!(
         counter(&snap, "tokenlease_decisions_total", &[("source", "fallback")]),
         1
