@@ -37,9 +37,9 @@ pub struct Args {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     processes: u32,
     /// Runs the fleet, rule, demand and faults that this seed draws (`--rule` with `--config`: that rule
-    /// instead; the other options but `--mode`, `--min-sell` and `--json` are not used), checks every window and
-    /// the sell-through after healing, and prints the schedule and the command that replays it. The same seed
-    /// gives the same run.
+    /// instead; the other options but `--mode`, `--healthy` with `--duration`, `--min-sell` and `--json` are not
+    /// used), checks every window and the sell-through after healing, and prints the schedule and the command
+    /// that replays it. The same seed gives the same run.
     #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
     /// Runs a named scenario: one of the paths over the bound that reviews found (`all`: every one; the list
@@ -53,6 +53,10 @@ pub struct Args {
     /// With `--seed`/`--seeds`: the fail mode (`closed` or `local`; default: each seed under both).
     #[arg(long, value_parser = parse_mode)]
     mode: Option<FailMode>,
+    /// With `--seed`/`--seeds`: each seed's fleet, rule, demand and joiners without faults, for `--duration`
+    /// (the liveness search of a healthy fleet: with `--min-sell`, none may sell less).
+    #[arg(long)]
+    healthy: bool,
     /// With `--seeds`: the least share of what could sell that a fleet must sell once its faults healed.
     #[arg(long, default_value_t = 0.0)]
     min_sell: f64,
@@ -95,10 +99,15 @@ const KEY: &str = "sku:sale";
 
 /// Runs the simulation and prints its figures; exits 1 when a window admitted more than its bound.
 pub fn run(args: Args) -> Result<ExitCode, String> {
-    let own = own_rule(&args)?;
+    let overrides = scenario::Overrides {
+        own: own_rule(&args)?,
+        healthy_ms: args
+            .healthy
+            .then(|| u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX)),
+    };
     let modes = seeds::modes(args.mode);
     if let Some(seed) = args.seed {
-        let drawn = modes.iter().map(|m| scenario::Scenario::draw(seed, *m, own.as_ref()));
+        let drawn = modes.iter().map(|m| scenario::Scenario::draw(seed, *m, &overrides));
         return seeds::run_each(drawn.collect(), args.json);
     }
     if let Some(name) = &args.scenario {
@@ -119,7 +128,7 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         return seeds::run_range(
             seeds::parse_range(range)?,
             &modes,
-            own.as_ref(),
+            &overrides,
             (args.min_sell, args.json),
         );
     }

@@ -125,6 +125,41 @@ fn a_thousand_seeds_per_fail_mode_fail_only_as_known() {
 }
 
 #[test]
+fn healthy_fleets_never_go_over_and_sell_in_60_s_as_known() {
+    // No faults, so the fail mode changes nothing: one mode is enough.
+    let runs = simulate(&[
+        "--seeds",
+        "0..300",
+        "--healthy",
+        "--duration",
+        "60s",
+        "--min-sell",
+        "0.95",
+        "--mode",
+        "closed",
+    ]);
+    let summary = runs.last().expect("a summary");
+    assert_eq!(summary["runs"], 300, "{summary}");
+    eprintln!("{}", summary["summary"]);
+    let failing: Vec<&serde_json::Value> = runs.iter().filter(|r| r.get("seed").is_some()).collect();
+    assert!(
+        failing.iter().all(|r| r["over"] == false),
+        "a healthy fleet over the bound: {failing:?}"
+    );
+    assert!(failing.iter().all(|r| r["faults"] == 0), "{failing:?}");
+    let under: BTreeMap<String, f64> = failing
+        .iter()
+        .map(|r| (name(r), r["sell_through"].as_f64().unwrap_or(0.0)))
+        .collect();
+    assert!(under.values().all(|&s| s < 0.95), "{under:?}");
+    assert_same(
+        "the healthy seeds that sold under 95 % in 60 s",
+        &under,
+        &known("healthy-under-sold"),
+    );
+}
+
+#[test]
 fn the_paths_reviews_found_go_over_as_known() {
     let runs = simulate(&["--scenario", "all"]);
     assert_eq!(runs.len(), 26, "13 scenarios x 2 modes");

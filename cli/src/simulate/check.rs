@@ -12,9 +12,10 @@
 //!   token bucket's windows take that as part of the TTL before them, a window rule's windows start that much
 //!   later.
 //! - **Liveness**, apart (as TigerBeetle's VOPR does): from 2 s after the last fault healed to the end, when that
-//!   is at least 3 s, the share sold of what could sell: the demand, or the limit's rate where lower (a token
-//!   bucket: or what the whole run's bound leaves after what was sold before, where lower still; a window rule:
-//!   less one window's limit, which a tail may miss by its phase).
+//!   is at least 3 s, the share sold of what could sell, judged each millisecond: what one token bucket of the
+//!   rule's capacity and rate, empty at the tail's start, sells of the demand (or what the whole run's bound
+//!   leaves after what was sold before, where lower); another limit's `min(demand, rate)` (a window rule's less
+//!   one window's limit, which a tail may miss by its phase).
 
 use super::fleet::Outcome;
 use super::scenario::{in_force, Limit, Scenario};
@@ -251,6 +252,11 @@ fn window_worst(scenario: &Scenario, prefix: &[u64], outcome: &Outcome) -> Worst
 }
 
 /// Sold over what could sell, from [`SETTLE_MS`] after the last fault healed to the end of the run.
+///
+/// What could sell is judged each millisecond, not over the tail's sums: a tail of 5 s at 3 times the rate and
+/// 5 s at a tenth of it could sell 5.5 s of the rate, not 10 s. A token bucket could sell what one bucket of its
+/// capacity and rate, empty at the tail's start, admits of the demand (the tokens it saves while the demand is
+/// low sell later); the other limits `min(demand, rate)` each millisecond.
 fn sell_through(scenario: &Scenario, outcome: &Outcome, prefix: &[u64]) -> Option<f64> {
     let from = scenario.healed_ms() + SETTLE_MS;
     let to = scenario.duration_ms;
@@ -258,10 +264,22 @@ fn sell_through(scenario: &Scenario, outcome: &Outcome, prefix: &[u64]) -> Optio
     if to < from + TAIL_MS || outcome.alive == 0 {
         return None;
     }
-    let demand: f64 = (from..to).map(|ms| scenario.demand_at(ms) as f64 / 1000.0).sum();
-    let rate: f64 = (from..to).map(|ms| rate_at(outcome, ms) / 1000.0).sum();
     let at = |ms: u64| prefix[usize::try_from(ms).unwrap_or(usize::MAX).min(prefix.len() - 1)];
-    let mut could = demand.min(rate);
+    let mut could = 0.0;
+    let mut stock = 0.0;
+    for ms in from..to {
+        let demand = scenario.demand_at(ms) as f64 / 1000.0;
+        let rate = rate_at(outcome, ms) / 1000.0;
+        match in_force(&outcome.limits, ms) {
+            Some(Limit::TokenBucket { capacity, .. }) => {
+                stock = (stock + rate).min((*capacity as f64).max(rate));
+                let sold = demand.min(stock);
+                stock -= sold;
+                could += sold;
+            }
+            _ => could += demand.min(rate),
+        }
+    }
     if let Limit::SlidingLog { limit, .. } | Limit::SlidingWindow { limit, .. } | Limit::FixedWindow { limit, .. } =
         scenario.limit
     {
@@ -285,6 +303,7 @@ mod tests {
 
     use tokenlease::FailMode;
 
+    use super::super::scenario::Overrides;
     use super::*;
 
     fn outcome(admitted_ms: Vec<u64>, limit: Limit) -> Outcome {
@@ -342,7 +361,7 @@ mod tests {
         admitted[1000] = 30; // capacity 20, 100/s: 0.2 s may hold 40
         admitted[1100] = 15;
         let run = outcome(admitted, bucket(20, 100));
-        let scenario = Scenario::draw(1, FailMode::Closed, None);
+        let scenario = Scenario::draw(1, FailMode::Closed, &Overrides::default());
         let scenario = Scenario {
             limit: bucket(20, 100),
             ..scenario
@@ -361,7 +380,7 @@ mod tests {
         };
         let scenario = Scenario {
             limit: limit.clone(),
-            ..Scenario::draw(1, FailMode::Closed, None)
+            ..Scenario::draw(1, FailMode::Closed, &Overrides::default())
         };
         let mut admitted = vec![0; 3000];
         for at in [0, 500, 999, 1000, 1999] {
@@ -386,5 +405,41 @@ mod tests {
             bucket_excess(&prefix_sums(&run.admitted_ms), &run) > 0.0,
             "added after the burst"
         );
+    }
+
+    #[test]
+    fn what_could_sell_is_judged_each_millisecond_not_over_the_tails_sums() {
+        // 3 s at 3 times the rate, then 5 s at a tenth of it: a fleet that sells the rate, then the demand, sold
+        // all it could (the sums would say it could have sold the rate for 8 s).
+        let limit = bucket(10, 100);
+        let scenario = Scenario {
+            limit: limit.clone(),
+            demand: vec![(0, 300), (5_000, 10)],
+            joiners: Vec::new(),
+            faults: Vec::new(),
+            duration_ms: 10_000,
+            ..Scenario::draw(1, FailMode::Closed, &Overrides::default())
+        };
+        let mut admitted = vec![0; 11_000];
+        for ms in (0..5_000).step_by(10) {
+            admitted[ms] = 1;
+        }
+        for ms in (5_000..10_000).step_by(100) {
+            admitted[ms] = 1;
+        }
+        let run = Outcome {
+            alive: 4,
+            ..outcome(admitted.clone(), limit.clone())
+        };
+        let sold = check(&scenario, &run, false).sell.expect("a healthy tail");
+        assert!(sold > 0.97, "{sold}");
+        // Selling nothing in the slow part is selling under what could sell.
+        admitted[5_000..].fill(0);
+        let run = Outcome {
+            alive: 4,
+            ..outcome(admitted, limit)
+        };
+        let sold = check(&scenario, &run, false).sell.expect("a healthy tail");
+        assert!(sold < 0.9, "{sold}");
     }
 }

@@ -284,17 +284,18 @@ fn actions(scenario: &Scenario) -> Vec<(u64, Action)> {
     steps.into_iter().map(|(at, _, _, a)| (at, a)).collect()
 }
 
-/// Process `i`'s weight in the demand: with a skew, the first tenth (at least one) carries half of it.
+/// Process `i`'s weight in the demand, 1 on average: with a skew, the first tenth (at least one) carries half of
+/// it, the others the other half.
 fn weight(scenario: &Scenario, i: usize, total: usize) -> f64 {
     let heavy = (total / 10).max(1);
     if !scenario.skewed || heavy >= total {
         return 1.0;
     }
-    // Half the demand over `heavy` processes, half over the rest: a heavy one is worth (total - heavy) / heavy.
+    let half = total as f64 / 2.0;
     if i < heavy {
-        (total - heavy) as f64 / heavy as f64
+        half / heavy as f64
     } else {
-        1.0
+        half / (total - heavy) as f64
     }
 }
 
@@ -315,7 +316,9 @@ impl Driver {
     /// of its own.
     async fn run(self, scenario: Scenario) {
         let end = self.tally.start + Duration::from_millis(scenario.duration_ms);
-        let mut owed = 0.0;
+        // Processes out of phase (spread by the golden ratio, whatever their number): in phase, a fleet deciding
+        // slowly would ask all at once, once every few seconds, a burst no limit sells in full.
+        let mut owed = (self.index as f64 * 0.618_034).fract();
         let mut last = tokio::time::Instant::now();
         loop {
             let now = tokio::time::Instant::now();
@@ -356,6 +359,30 @@ impl Driver {
             // The next decision's time, at least a ms away.
             let wait = if per_s > 0.0 { (1.0 - owed) / per_s } else { 0.1 };
             tokio::time::sleep(Duration::from_secs_f64(wait.clamp(0.001, 0.1))).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokenlease::FailMode;
+
+    use super::super::scenario::Overrides;
+    use super::*;
+
+    #[test]
+    fn a_skewed_fleet_puts_half_the_demand_on_a_tenth_and_the_whole_demand_on_all() {
+        let scenario = Scenario {
+            skewed: true,
+            ..Scenario::draw(1, FailMode::Closed, &Overrides::default())
+        };
+        for total in [2, 8, 10, 64] {
+            let weights: Vec<f64> = (0..total).map(|i| weight(&scenario, i, total)).collect();
+            let heavy = (total / 10).max(1);
+            let sum: f64 = weights.iter().sum();
+            assert!((sum - total as f64).abs() < 1e-9, "{total}: {weights:?}");
+            let heavy_sum: f64 = weights[..heavy].iter().sum();
+            assert!((heavy_sum - total as f64 / 2.0).abs() < 1e-9, "{total}: {weights:?}");
         }
     }
 }

@@ -100,7 +100,7 @@ fn sale(name: &'static str, mode: FailMode, duration_ms: u64, faults: Vec<Event>
         rtt_ms: 1,
         duration_ms,
         faults,
-        own: String::new(),
+        overrides: String::new(),
     }
 }
 

@@ -141,6 +141,28 @@ pub(super) struct Own {
     pub(super) args: String,
 }
 
+/// What the command line puts in place of a seed's own draws.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Overrides {
+    /// A user's own rule (`--rule`).
+    pub(super) own: Option<Own>,
+    /// A healthy run (`--healthy`): no faults, and this length in ms (`--duration`) in place of the drawn one.
+    /// The fleet, rule, demand steps and joiners are still the seed's: the liveness search without faults.
+    pub(super) healthy_ms: Option<u64>,
+}
+
+impl Overrides {
+    /// The options that replay these overrides, each with a leading space.
+    fn args(&self) -> String {
+        let own = self.own.as_ref().map_or("", |o| o.args.as_str());
+        let healthy = self.healthy_ms.map_or_else(String::new, |ms| {
+            let length = humantime::format_duration(Duration::from_millis(ms));
+            format!(" --healthy --duration {length}")
+        });
+        format!("{own}{healthy}")
+    }
+}
+
 /// What goes wrong, and to whom.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Fault {
@@ -202,18 +224,20 @@ pub(super) struct Scenario {
     pub(super) rtt_ms: u64,
     pub(super) duration_ms: u64,
     pub(super) faults: Vec<Event>,
-    /// The options naming a user's own rule (empty: the seed's).
-    pub(super) own: String,
+    /// The options beyond `--seed` and `--mode` that replay the run (empty: none), from its [`Overrides`].
+    pub(super) overrides: String,
 }
 
 impl Scenario {
-    /// The run of `seed` under `mode` (the seed draws everything else, the limit too unless `own` is given).
-    pub(super) fn draw(seed: u64, mode: FailMode, own: Option<&Own>) -> Self {
+    /// The run of `seed` under `mode` (the seed draws everything else but what `overrides` gives).
+    pub(super) fn draw(seed: u64, mode: FailMode, overrides: &Overrides) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
         let drawn = draw_limit(&mut rng);
-        let limit = own.map_or(drawn, |o| o.limit.clone());
+        let limit = overrides.own.as_ref().map_or(drawn, |o| o.limit.clone());
         let processes = [1, 2, 3, 4, 4, 6, 8, 8, 12, 16, 24, 32, 48, 64][rng.random_range(0..14usize)];
-        let duration_ms = rng.random_range(6..=14u64) * 1000;
+        let drawn_ms = rng.random_range(6..=14u64) * 1000;
+        // At least 3 s, so that a joiner's time can be drawn.
+        let duration_ms = overrides.healthy_ms.map_or(drawn_ms, |ms| ms.max(3000));
         let token_bucket = matches!(limit, Limit::TokenBucket { .. });
         // Window rules are checked to the millisecond on the times their callers learn the answer: the store
         // answers them at once, so that is when it counted them.
@@ -240,7 +264,11 @@ impl Scenario {
         } else {
             rng.random_range(1..=8u32)
         };
-        let count = rng.random_range(0..=4usize);
+        let count = if overrides.healthy_ms.is_some() {
+            0
+        } else {
+            rng.random_range(0..=4usize)
+        };
         let faults = (0..count)
             .map(|_| draw_event(&mut rng, total, duration_ms, token_bucket))
             .collect();
@@ -258,7 +286,7 @@ impl Scenario {
             rtt_ms,
             duration_ms,
             faults,
-            own: own.map(|o| o.args.clone()).unwrap_or_default(),
+            overrides: overrides.args(),
         }
     }
 

@@ -11,7 +11,7 @@ use tokenlease::FailMode;
 
 use super::check::{self, Verdict};
 use super::fleet;
-use super::scenario::{Own, Scenario, MODES};
+use super::scenario::{Overrides, Scenario, MODES};
 
 /// One seed's run under one fail mode.
 #[derive(Debug, Clone)]
@@ -99,7 +99,7 @@ pub(super) fn replay(scenario: &Scenario) -> String {
         "tokenlease simulate --seed {} --mode {}{}",
         scenario.seed,
         scenario.mode.as_str(),
-        scenario.own
+        scenario.overrides
     )
 }
 
@@ -167,7 +167,7 @@ pub(super) fn print(run: &Run, json: bool) {
 pub(super) fn run_range(
     seeds: Range<u64>,
     modes: &[FailMode],
-    own: Option<&Own>,
+    overrides: &Overrides,
     (min_sell, json): (f64, bool),
 ) -> Result<ExitCode, String> {
     // One after another on this thread: a key's shards give each thread a home of its own, assigned in the
@@ -176,7 +176,9 @@ pub(super) fn run_range(
     let mut runs = Vec::new();
     for seed in seeds {
         for mode in modes {
-            runs.push(run_one(&Scenario::draw(seed, *mode, own), false).map_err(|e| format!("seed {seed}: {e}"))?);
+            runs.push(
+                run_one(&Scenario::draw(seed, *mode, overrides), false).map_err(|e| format!("seed {seed}: {e}"))?,
+            );
         }
     }
     runs.sort_by_key(|r| (r.scenario.seed, r.scenario.mode.as_str()));
