@@ -425,6 +425,32 @@ mod tests {
         per_ms: 60_000,
     };
 
+    /// Found by `simulate --healthy` (seed 70, with slow demands leased unpaced): the store refills for the tokens
+    /// a lease holds, so giving them back unspent after their TTL refills the bucket twice. Three leases and two
+    /// give-backs then hold 1.24 times the bound of a 0.2 s window: the TTL's tokens in hand and a full level.
+    #[test]
+    #[ignore = "known over the bound (ARCHITECTURE, Known limits): the store counts no lease's tokens in hand"]
+    fn tokens_given_back_after_their_ttl_never_let_the_fleet_hold_more_than_the_bound() {
+        let b = TokenBucket {
+            capacity: 100,
+            rate: 50,
+            per_ms: 1_000,
+        };
+        let ttl_ms = 1_000;
+        let lease = |s, n, now| b.lease((s, 0), (1, n, 0), Pace::default(), now);
+        let (s, _, a) = lease(None, 100, 0); // A: the whole burst, spends none
+        let (s, _, first) = lease(s, 100, 999); // B: the refill, 49
+        let (s, _) = b.give_back(s, a.granted, 1_000); // A's tokens, expired, go back
+        let (s, _, c) = lease(s, 100, 1_000); // C: 100, in hand until 2000
+        let (s, _, d) = lease(s, 100, 1_998); // D: the refill, 49
+        let (s, _) = b.give_back(s, first.granted, 1_999); // B's, expired, go back
+        let (_, _, e) = lease(s, 100, 1_999); // E: what the level holds
+                                              // At 1999 C, D and E hold tokens leased within the TTL, all spendable in the next 0.2 s.
+        let held = c.granted + d.granted + e.granted;
+        let bound = b.capacity + b.rate * (200 + ttl_ms) / 1_000;
+        assert!(held <= bound, "{held} tokens spendable in 0.2 s, bound {bound}");
+    }
+
     #[test]
     fn tokens_due_at_a_millisecond_are_there_at_it() {
         let b = NINE_PER_MINUTE;
