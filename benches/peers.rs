@@ -1,7 +1,9 @@
 //! Peers side by side in one run: `cargo bench --bench peers` (about 25 s; no Redis needed).
 //!
-//! Three ways to decide one hot key, each measured the same way:
+//! Four ways to decide one hot key, each measured the same way:
 //!
+//! - `tokenlease_by_name`: the same decision by the rule's name, `limiter.check("hot", "sku:1", 1)`, as most
+//!   callers make it.
 //! - `tokenlease`: a leased hot-key decision, `limiter.rule("hot")?.check("sku:1", 1)` on the in-process store. The
 //!   rule's capacity, rate and lease batch are so large (a batch of 2^36 tokens for an hour) that every measured
 //!   decision is served from leased tokens; each sample checks that the store was not called meanwhile. The loop
@@ -48,10 +50,12 @@ struct Tokenlease {
     limiter: Limiter,
     /// The rule resolved once (`limiter.rule(RULE)`), as a caller deciding often keeps it.
     rule: tokenlease::RuleHandle,
+    /// Decide by the rule's name (`limiter.check(RULE, ..)`), as most callers do, instead of by the handle.
+    by_name: bool,
 }
 
 impl Tokenlease {
-    fn new() -> Self {
+    fn new(by_name: bool) -> Self {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -70,7 +74,12 @@ impl Tokenlease {
             .block_on(async { Limiter::builder().rule(rule).expected_processes(1).build() })
             .expect("limiter");
         let rule = limiter.rule(RULE).expect("a configured rule");
-        let peer = Self { runtime, limiter, rule };
+        let peer = Self {
+            runtime,
+            limiter,
+            rule,
+            by_name,
+        };
         // The first decision leases a batch; the next must come from it.
         for _ in 0..2 {
             let d = peer
@@ -87,10 +96,15 @@ impl Tokenlease {
         peer
     }
 
-    /// The measured call, on the rule's handle.
+    /// The measured call, on the rule's handle or by its name.
     #[inline(always)]
     async fn decide(&self) -> bool {
-        matches!(self.rule.check(KEY, 1).await, Ok(d) if d.allowed)
+        let decision = if self.by_name {
+            self.limiter.check(RULE, KEY, 1).await
+        } else {
+            self.rule.check(KEY, 1).await
+        };
+        matches!(decision, Ok(d) if d.allowed)
     }
 }
 
@@ -198,10 +212,16 @@ fn timed(peer: &dyn Peer, threads: u32, iters: u64) -> Duration {
 }
 
 fn peers(c: &mut Criterion) {
-    let tokenlease = Tokenlease::new();
+    let tokenlease = Tokenlease::new(false);
+    let by_name = Tokenlease::new(true);
     let governor = Governor::new();
     let floor = Floor::new();
-    let all: [(&str, &dyn Peer); 3] = [("tokenlease", &tokenlease), ("governor", &governor), ("floor", &floor)];
+    let all: [(&str, &dyn Peer); 4] = [
+        ("tokenlease", &tokenlease),
+        ("tokenlease_by_name", &by_name),
+        ("governor", &governor),
+        ("floor", &floor),
+    ];
     for (group, threads) in [("one_thread", 1), ("two_threads_one_key", 2)] {
         let mut g = c.benchmark_group(group);
         g.throughput(Throughput::Elements(1));
