@@ -373,16 +373,22 @@ impl Fleet {
 /// The decisions per second process `i` makes: `--demand` over the processes, or with `--skew` half of it over
 /// the first tenth of them (at least one) and half over the rest.
 fn per_process(args: &Args, i: usize) -> f64 {
-    let (demand, processes) = (args.demand as f64, f64::from(args.processes));
-    if !args.skew || args.processes < 2 {
-        return demand / processes;
+    let demand = args.demand as f64;
+    match skewed_half(i, args.processes as usize, args.skew) {
+        Some(sharing) => demand / 2.0 / sharing as f64,
+        None => demand / f64::from(args.processes),
     }
-    let heavy = (args.processes / 10).max(1);
-    if i < heavy as usize {
-        demand / 2.0 / f64::from(heavy)
-    } else {
-        demand / 2.0 / f64::from(args.processes - heavy)
+}
+
+/// A skewed demand's split, the same for `simulate --skew` and the seeds' skewed fleets: the first tenth of
+/// `processes` (at least one) carry half of it, the others the other half. `Some(n)`: process `i` shares its
+/// half with `n − 1` others; `None`: the demand is spread evenly (not skewed, or a single process).
+fn skewed_half(i: usize, processes: usize, skewed: bool) -> Option<usize> {
+    let heavy = (processes / 10).max(1);
+    if !skewed || heavy >= processes {
+        return None;
     }
+    Some(if i < heavy { heavy } else { processes - heavy })
 }
 
 /// How a process spreads its share of the demand: a tick every `tick` (at least 1 ms, more when the process

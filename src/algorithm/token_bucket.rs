@@ -445,7 +445,8 @@ mod tests {
         let (s, _, d) = lease(s, 100, 1_998); // D: the refill, 49
         let (s, _) = b.give_back(s, first.granted, 1_999); // B's, expired, go back
         let (_, _, e) = lease(s, 100, 1_999); // E: what the level holds
-                                              // At 1999 C, D and E hold tokens leased within the TTL, all spendable in the next 0.2 s.
+
+        // At 1999 C, D and E hold tokens leased within the TTL, all spendable in the next 0.2 s.
         let held = c.granted + d.granted + e.granted;
         let bound = b.capacity + b.rate * (200 + ttl_ms) / 1_000;
         assert!(held <= bound, "{held} tokens spendable in 0.2 s, bound {bound}");

@@ -287,15 +287,9 @@ fn actions(scenario: &Scenario) -> Vec<(u64, Action)> {
 /// Process `i`'s weight in the demand, 1 on average: with a skew, the first tenth (at least one) carries half of
 /// it, the others the other half.
 fn weight(scenario: &Scenario, i: usize, total: usize) -> f64 {
-    let heavy = (total / 10).max(1);
-    if !scenario.skewed || heavy >= total {
-        return 1.0;
-    }
-    let half = total as f64 / 2.0;
-    if i < heavy {
-        half / heavy as f64
-    } else {
-        half / (total - heavy) as f64
+    match super::skewed_half(i, total, scenario.skewed) {
+        Some(sharing) => total as f64 / 2.0 / sharing as f64,
+        None => 1.0,
     }
 }
 
