@@ -77,6 +77,9 @@ local function load_bucket(key, capacity, rate, per, now)
   level = rescale(level, was_per, per)
   if level > capacity * per then level = capacity * per end
   local same = was_per == per and was_capacity == capacity and was_rate == rate
+  -- Rooms noted under other parameters mean nothing under these (note_room): a reload forgets them. Every caller
+  -- that gets `same = false` saves the bucket.
+  if not same then redis.call('HDEL', key, 'rooms_from', 'marks', 'rooms') end
   local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
   if pend <= 0 or now >= pend_end then return level, ts, same, 0 end
   local from = tonumber(s[7]) or now
@@ -118,6 +121,40 @@ local function save_bucket(key, level, ts, capacity, rate, per, pace)
   redis.call('PEXPIRE', key, int(ttl))
 end
 
+-- Notes a change of the bucket's level (src/algorithm/room.rs), after save_bucket (a bucket deleted full keeps
+-- no notes): its mark (ms × 1000 plus a count within the ms, only growing) and `room`, the whole tokens the level
+-- could take up to the top just before the change, in the staircase `rooms` ("mark:room,...", marks and rooms
+-- increasing; a new step removes the earlier ones with as much room; beyond 16 steps the two neighbours whose
+-- rooms differ least merge into the later mark with the lower room). A lease's grant starts the notes
+-- (`rooms_from`, its mark); any other change is noted only once they have started. Returns the mark, 0 when
+-- nothing is noted.
+local function note_room(key, room, lease, now)
+  local s = redis.call('HMGET', key, 'level', 'rooms_from', 'marks', 'rooms')
+  local from, last = tonumber(s[2]) or 0, tonumber(s[3]) or 0
+  if not s[1] or (from == 0 and not lease) then return 0 end
+  local mark = last + 1
+  if now * 1000 > mark then mark = now * 1000 end
+  if from == 0 then from = mark end
+  local steps = {}
+  for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do steps[#steps + 1] = { tonumber(m), tonumber(r) } end
+  while #steps > 0 and steps[#steps][2] >= room do steps[#steps] = nil end
+  if #steps == 16 then
+    local i, least = 1, nil
+    for j = 1, 15 do
+      local rise = steps[j + 1][2] - steps[j][2]
+      if rise < 0 then rise = 0 end
+      if least == nil or rise < least then i, least = j, rise end
+    end
+    if steps[i][2] < steps[i + 1][2] then steps[i + 1][2] = steps[i][2] end
+    table.remove(steps, i)
+  end
+  steps[#steps + 1] = { mark, room }
+  local f = {}
+  for i, step in ipairs(steps) do f[i] = int(step[1]) .. ':' .. int(step[2]) end
+  redis.call('HSET', key, 'rooms_from', int(from), 'marks', int(mark), 'rooms', table.concat(f, ','))
+  return mark
+end
+
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
@@ -136,7 +173,7 @@ if not now then
 end
 
 local full = capacity * per
-local level, ts, same = load_bucket(KEYS[1], capacity, rate, per, now)
+local level, ts, same, pend = load_bucket(KEYS[1], capacity, rate, per, now)
 if level == nil then level = full end
 
 local function reset_after_of(l)
@@ -166,6 +203,7 @@ local peek, need = min == 0, min
 if peek then need = 1 end
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)
+local room = idiv((capacity - pend) * per - level, per)
 if need > capacity then
   retry_after = -1
 elseif tokens >= need then
@@ -188,4 +226,5 @@ if granted == 0 and ban_ms > 0 and not peek then
 end
 
 if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+if granted > 0 then note_room(KEYS[1], room, false, now) end
 return { granted, whole(level), retry_after, reset_after }

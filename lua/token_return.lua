@@ -23,11 +23,15 @@
 --                     until which token_bucket.lua, token_lease.lua and token_acquire.lua refuse it): the other
 --                     processes that sold alone come back on their own clocks, and none may take what they sold
 --                     before their debits land (invariant 19). A hold only grows; 0 holds nothing.
--- ARGV[6]  now_ms     optional, as above
+-- ARGV[6]  since      the mark of the oldest lease the tokens given back came from (token_lease.lua's fifth
+--                     integer), -1 when none (a debit, or a caller that keeps no marks)
+-- ARGV[7]  now_ms     optional, as above
 --
 -- Reply: { accepted, remaining, 0, reset_after_ms }
 --   accepted        given back: whole tokens actually added (what would overflow the capacity, less the tokens
---                   paced leases have yet to release, is dropped);
+--                   paced leases have yet to release, is dropped; with `since`, at most the lowest room the
+--                   bucket had at a change after that mark, note_room: tokens the refill replaced while they
+--                   were out count once);
 --                   a debit: whole tokens actually charged, 0 to -tokens (the rest is the caller's to carry)
 --   remaining       whole tokens in the bucket afterwards (0 in debt)
 --   reset_after_ms  ms until the bucket is full again; -1 when never (rate 0)
@@ -79,6 +83,9 @@ local function load_bucket(key, capacity, rate, per, now)
   level = rescale(level, was_per, per)
   if level > capacity * per then level = capacity * per end
   local same = was_per == per and was_capacity == capacity and was_rate == rate
+  -- Rooms noted under other parameters mean nothing under these (note_room): a reload forgets them. Every caller
+  -- that gets `same = false` saves the bucket.
+  if not same then redis.call('HDEL', key, 'rooms_from', 'marks', 'rooms') end
   local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
   if pend <= 0 or now >= pend_end then return level, ts, same, 0 end
   local from = tonumber(s[7]) or now
@@ -120,15 +127,50 @@ local function save_bucket(key, level, ts, capacity, rate, per, pace)
   redis.call('PEXPIRE', key, int(ttl))
 end
 
+-- Notes a change of the bucket's level (src/algorithm/room.rs), after save_bucket (a bucket deleted full keeps
+-- no notes): its mark (ms × 1000 plus a count within the ms, only growing) and `room`, the whole tokens the level
+-- could take up to the top just before the change, in the staircase `rooms` ("mark:room,...", marks and rooms
+-- increasing; a new step removes the earlier ones with as much room; beyond 16 steps the two neighbours whose
+-- rooms differ least merge into the later mark with the lower room). A lease's grant starts the notes
+-- (`rooms_from`, its mark); any other change is noted only once they have started. Returns the mark, 0 when
+-- nothing is noted.
+local function note_room(key, room, lease, now)
+  local s = redis.call('HMGET', key, 'level', 'rooms_from', 'marks', 'rooms')
+  local from, last = tonumber(s[2]) or 0, tonumber(s[3]) or 0
+  if not s[1] or (from == 0 and not lease) then return 0 end
+  local mark = last + 1
+  if now * 1000 > mark then mark = now * 1000 end
+  if from == 0 then from = mark end
+  local steps = {}
+  for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do steps[#steps + 1] = { tonumber(m), tonumber(r) } end
+  while #steps > 0 and steps[#steps][2] >= room do steps[#steps] = nil end
+  if #steps == 16 then
+    local i, least = 1, nil
+    for j = 1, 15 do
+      local rise = steps[j + 1][2] - steps[j][2]
+      if rise < 0 then rise = 0 end
+      if least == nil or rise < least then i, least = j, rise end
+    end
+    if steps[i][2] < steps[i + 1][2] then steps[i + 1][2] = steps[i][2] end
+    table.remove(steps, i)
+  end
+  steps[#steps + 1] = { mark, room }
+  local f = {}
+  for i, step in ipairs(steps) do f[i] = int(step[1]) .. ':' .. int(step[2]) end
+  redis.call('HSET', key, 'rooms_from', int(from), 'marks', int(mark), 'rooms', table.concat(f, ','))
+  return mark
+end
+
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local hold_ms = 0
+local hold_ms, since = 0, -1
 local now_arg = 5
-if KEYS[2] then hold_ms, now_arg = tonumber(ARGV[5]), 6 end
-if not (capacity and rate and per and n and hold_ms) or capacity < 1 or rate < 0 or per < 1 or hold_ms < 0 then
-  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [hold_ms])')
+if KEYS[2] then hold_ms, since, now_arg = tonumber(ARGV[5]), tonumber(ARGV[6] or '-1'), 7 end
+if not (capacity and rate and per and n and hold_ms and since) or capacity < 1 or rate < 0 or per < 1
+    or hold_ms < 0 then
+  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [hold_ms, since])')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
@@ -160,8 +202,30 @@ end
 if charged then return reply(charged) end -- applied already: nothing is written
 
 local accepted = 0
+local room = idiv((capacity - pend) * per - level, per)
 if n >= 0 then
   local before = idiv(level, per)
+  if since >= 0 then
+    -- At most the room now and the lowest noted after the lease's mark (note_room); nothing when the notes do
+    -- not reach back to it. The tokens added lower every room noted after the mark: the level would have been
+    -- that much higher there, so no other give-back fills the same room.
+    local s = redis.call('HMGET', KEYS[1], 'rooms_from', 'rooms')
+    local from, steps = tonumber(s[1]) or 0, {}
+    if room < n then n = room end
+    if from == 0 or since < from then n = 0 end
+    for m, r in string.gmatch(s[2] or '', '(%d+):(%d+)') do
+      steps[#steps + 1] = { tonumber(m), tonumber(r) }
+      if steps[#steps][1] > since and steps[#steps][2] < n then n = steps[#steps][2] end
+    end
+    if from > 0 then
+      local f = {}
+      for i, step in ipairs(steps) do
+        if step[1] > since then step[2] = step[2] - n end
+        f[i] = int(step[1]) .. ':' .. int(step[2])
+      end
+      redis.call('HSET', KEYS[1], 'rooms', table.concat(f, ','))
+    end
+  end
   level = level + n * per
   -- Up to the capacity, less what paced leases have yet to release (load_bucket).
   if level > full - pend * per then level = full - pend * per end
@@ -181,6 +245,7 @@ if hold_ms > 0 and accepted > 0 then
   if now + hold_ms > held then redis.call('HSET', KEYS[1], 'hold', int(now + hold_ms)) end
 end
 save_bucket(KEYS[1], level, ts, capacity, rate, per)
+note_room(KEYS[1], room, false, now)
 if mark and n >= 0 then
   -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
   redis.call('SET', mark, int(accepted), 'PX', 10000)

@@ -248,7 +248,7 @@ const TOKEN_SCRIPTS: [&str; 4] = [
     "token_acquire.lua",
     "token_lease.lua",
 ];
-const TOKEN_STATE: [&str; 4] = ["gcd", "rescale", "load_bucket", "save_bucket"];
+const TOKEN_STATE: [&str; 5] = ["gcd", "rescale", "load_bucket", "save_bucket", "note_room"];
 
 /// One bucket, one reading of it: a state written by any token script (and one written before the hash recorded
 /// its parameters) is refilled, converted after a reload and stored by the same code in each (invariant 11).
@@ -281,12 +281,16 @@ fn token_scripts_read_convert_and_store_the_bucket_alike() {
     }
     for script in TOKEN_SCRIPTS {
         let t = text(script);
-        // The bucket's fields are written by save_bucket alone; token_lease.lua also writes the bucket's turn, and
-        // token_return.lua its hold.
+        // The bucket's fields are written by save_bucket alone, its notes of room by note_room (and their rooms by
+        // token_return.lua's give-back); token_lease.lua also writes the bucket's turn, and token_return.lua its
+        // hold.
         let other_writes = (t.lines())
             .filter(|l| {
                 let l = code(l);
-                l.contains("redis.call('HSET'") && !l.contains("'turn'") && !l.contains("'hold'")
+                l.contains("redis.call('HSET'")
+                    && !l.contains("'turn'")
+                    && !l.contains("'hold'")
+                    && !l.contains("'rooms'")
             })
             .count();
         if other_writes != 1 || !t.contains("save_bucket(KEYS[1]") || !t.contains("load_bucket(KEYS[1]") {

@@ -9,6 +9,7 @@ pub(crate) mod fleet;
 pub mod leaky_bucket;
 pub mod paced;
 mod reply;
+pub mod room;
 pub mod token_bucket;
 pub mod window;
 

@@ -1,10 +1,11 @@
 //! The reply every algorithm and every Lua script gives, and the integers of that protocol: "never", the
 //! largest exact quantity, milliseconds.
 
-/// The reply every algorithm (and every Lua script) gives: `{ granted, remaining, retry_after_ms, reset_after_ms }`.
+/// The reply every algorithm (and every Lua script) gives: `{ granted, remaining, retry_after_ms, reset_after_ms }`,
+/// and a lease's mark after them.
 ///
 /// See docs/ARCHITECTURE.md, "The Lua protocol".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Reply {
     /// Tokens granted: 0 when refused; for a plain check 0 or the cost; for a lease between `min` and `max`.
     pub granted: u64,
@@ -14,20 +15,24 @@ pub struct Reply {
     pub retry_after_ms: i64,
     /// Milliseconds until the key is back to its full allowance, [`NEVER`] when it never will be.
     pub reset_after_ms: i64,
+    /// A lease's grant: its mark in the bucket's notes of room (`token_lease.lua`'s fifth integer), which its
+    /// give-back sends back ([`crate::algorithm::room::Rooms`]); 0 otherwise.
+    pub mark: u64,
 }
 
 /// The `-1` of the protocol: "never" in `retry_after_ms` and `reset_after_ms`.
 pub const NEVER: i64 = -1;
 
 impl Reply {
-    /// Builds a reply from the four integers a Lua script returns.
-    pub fn from_wire(values: [i64; 4]) -> Self {
+    /// Builds a reply from the four integers a Lua script returns, and a lease's mark (0 when absent).
+    pub fn from_wire(values: [i64; 4], mark: i64) -> Self {
         let [granted, remaining, retry_after_ms, reset_after_ms] = values;
         Self {
             granted: u64::try_from(granted).unwrap_or(0),
             remaining: u64::try_from(remaining).unwrap_or(0),
             retry_after_ms,
             reset_after_ms,
+            mark: u64::try_from(mark).unwrap_or(0),
         }
     }
 }

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+pub(crate) use super::book::Unspent;
+use super::book::{Batch, Book};
 use super::schedule::{large_fleet, paced_turn, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
 use crate::algorithm::{Pace, Reply, TokenBucket};
@@ -26,38 +28,6 @@ use crate::rule::Lease;
 
 /// How long a "never" from the shared bucket is cached locally before asking again.
 pub(crate) const NEVER_RECHECK: Duration = Duration::from_secs(1);
-
-/// A batch of tokens and the time by which they must be spent.
-#[derive(Debug, Clone, Copy)]
-struct Batch {
-    /// Tokens of this batch still attributed to it.
-    tokens: u64,
-    /// Monotonic ns after which its tokens go back.
-    deadline_ns: u64,
-}
-
-#[derive(Debug)]
-struct Book {
-    /// Live batches, oldest first.
-    batches: VecDeque<Batch>,
-    /// The chunks of a paced lease still to be released.
-    schedule: Schedule,
-    /// The adaptive batch size, in tokens.
-    batch: u64,
-    /// The shared bucket is saturated: the last lease was handed a turn (`token_lease.lua`) or left less than a
-    /// batch behind.
-    saturated: bool,
-    /// When the last lease was sent, and the decisions counted by then.
-    last_lease_ns: u64,
-    decisions_at_lease: u64,
-    /// Decisions per second between the last two leases (the demand, refusals included).
-    demand_per_s: u64,
-    /// Decisions already added to the metrics.
-    flushed: Counts,
-    /// When the sweeper last measured the key's heat, and the decisions counted by then.
-    heat_at_ns: u64,
-    decisions_at_heat: u64,
-}
 
 /// One key's leased tokens in this process.
 #[derive(Debug)]
@@ -140,6 +110,7 @@ impl LocalBucket {
             notify: Notify::new(),
             book: Mutex::new(Book {
                 batches: VecDeque::new(),
+                marks: VecDeque::new(),
                 schedule: Schedule::default(),
                 batch: lease.min_batch,
                 saturated: false,
@@ -401,6 +372,11 @@ impl LocalBucket {
             tokens: first.tokens,
             deadline_ns,
         });
+        let until_ns = book
+            .schedule
+            .last_ns()
+            .map_or(deadline_ns, |at| at.saturating_add(ttl_ns));
+        book.marks.push_back((until_ns, grant.mark));
         // The deadline is in force before the tokens can be spent.
         self.next_deadline_ns.fetch_min(deadline_ns, Ordering::AcqRel);
         let turn_ns = u64::try_from(grant.retry_after_ms)
@@ -478,8 +454,9 @@ impl LocalBucket {
     ///
     /// Callers taking tokens meanwhile take the oldest first, so what is removed may include tokens of a live
     /// batch: those go back to the shared bucket too, never spent twice.
-    pub(crate) fn expire(&self, now_ns: u64, failures: u64) -> u64 {
+    pub(crate) fn expire(&self, now_ns: u64, failures: u64) -> Unspent {
         let mut book = self.lock();
+        let since = book.oldest_mark(now_ns);
         Self::attribute(&mut book, self.tokens.total());
         let dropped = book.schedule.since(failures);
         let ttl_ns = nanos(self.lease.ttl);
@@ -507,7 +484,10 @@ impl LocalBucket {
         // A key whose chunks were dropped still leases no sooner than its turn and its last chunk (no lease out of
         // turn), its callers refused locally meanwhile.
         self.publish_deadline(&book);
-        expired.saturating_add(dropped)
+        Unspent {
+            tokens: expired.saturating_add(dropped),
+            since,
+        }
     }
 
     /// Retires the bucket for good without taking its tokens: no decision or lease uses it again.
@@ -515,14 +495,18 @@ impl LocalBucket {
         self.retired.store(true, Ordering::Release);
     }
 
-    /// Takes every token, scheduled chunks included (shutdown, eviction), and returns how many, to be given back.
-    pub(crate) fn drain(&self) -> u64 {
+    /// Takes every token, scheduled chunks included (shutdown, eviction), to be given back.
+    pub(crate) fn drain(&self) -> Unspent {
         let mut book = self.lock();
         self.retired.store(true, Ordering::Release);
+        let since = book.oldest_mark(u64::MAX);
         book.batches.clear();
         let scheduled = book.schedule.clear();
         self.publish_deadline(&book);
-        self.tokens.drain().saturating_add(scheduled)
+        Unspent {
+            tokens: self.tokens.drain().saturating_add(scheduled),
+            since,
+        }
     }
 
     /// Tokens of paced leases not released yet.

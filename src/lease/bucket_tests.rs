@@ -29,6 +29,7 @@ fn grant(tokens: u64) -> Reply {
         remaining: 990,
         retry_after_ms: 0,
         reset_after_ms: 0,
+        mark: 0,
     }
 }
 
@@ -45,16 +46,16 @@ fn expiry_gives_back_only_what_older_batches_left() {
         "a reply after its deadline is not added"
     );
     // 16 left: 6 of the first batch, 10 of the second. At 200 ms the first batch's 6 expire.
-    assert_eq!(b.expire(200 * MS - 1, 0), 0);
-    assert_eq!(b.expire(200 * MS, 0), 6);
+    assert_eq!(b.expire(200 * MS - 1, 0).tokens, 0);
+    assert_eq!(b.expire(200 * MS, 0).tokens, 6);
     assert_eq!(b.available(), 10);
     assert!(matches!(b.try_take(3, 201 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 7);
-    assert_eq!(b.expire(300 * MS, 0), 7);
+    assert_eq!(b.expire(300 * MS, 0).tokens, 7);
     assert_eq!(b.available(), 0);
     assert!(!b.has_expired(10_000 * MS), "nothing left to expire");
     assert!(b.add(&grant(5), (10_000 * MS, 0), plan, 10_000 * MS));
-    assert_eq!(b.drain(), 5);
+    assert_eq!(b.drain().tokens, 5);
     assert!(!b.claim_lease(), "a retired bucket starts no lease");
     assert!(
         !b.add(&grant(10), (10_001 * MS, 0), plan, 10_001 * MS),
@@ -146,14 +147,14 @@ fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     assert!(!b.below_watermark(0, 150 * MS), "no lease while chunks are to come");
     assert!(!b.has_expired(200 * MS - 1));
     assert!(b.has_expired(200 * MS));
-    assert_eq!(b.expire(200 * MS, 0), 0);
+    assert_eq!(b.expire(200 * MS, 0).tokens, 0);
     assert_eq!((b.available(), b.scheduled()), (10, 15));
     // Unspent, the chunk released at 200 ms goes back at 400 ms, when the last chunk comes.
-    assert_eq!(b.expire(400 * MS, 0), 10);
+    assert_eq!(b.expire(400 * MS, 0).tokens, 10);
     assert_eq!((b.available(), b.scheduled()), (15, 0));
     assert!(b.add(&grant(30), (400 * MS, 0), plan, 401 * MS));
     // Drained: what is left and what was still to come go back.
-    assert_eq!(b.drain(), 15 + 30);
+    assert_eq!(b.drain().tokens, 15 + 30);
 }
 
 #[test]
@@ -189,18 +190,18 @@ fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
     let plan = b.plan(2, 1, sent);
     // Sent when the store had failed 3 calls.
     assert!(b.add(&grant(35), (sent, 3), plan, sent + MS));
-    assert_eq!(b.expire(150 * MS, 3), 0, "no failure since: nothing dropped");
+    assert_eq!(b.expire(150 * MS, 3).tokens, 0, "no failure since: nothing dropped");
     assert_eq!(b.scheduled(), 25);
     // A call failed since: the fleet may be selling from its local shares, which do not know these chunks.
     // They go back and nothing more is released; the key leases no sooner than it would have (at 400 ms, when
     // its last chunk was due), refusing locally meanwhile.
-    assert_eq!(b.expire(150 * MS, 4), 25);
+    assert_eq!(b.expire(150 * MS, 4).tokens, 25);
     assert_eq!((b.available(), b.scheduled()), (10, 0));
     for t in 0..10 {
         assert!(matches!(b.try_take(1, (151 + t) * MS), Take::Taken { .. }));
     }
     assert!(matches!(b.try_take(1, 170 * MS), Take::Exhausted { .. }));
-    assert_eq!(b.expire(500 * MS, 4), 0, "nothing released later");
+    assert_eq!(b.expire(500 * MS, 4).tokens, 0, "nothing released later");
     assert_eq!(b.try_take(1, 500 * MS), Take::Empty);
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::bucket::{LocalBucket, Take, NEVER_RECHECK};
+use super::bucket::{LocalBucket, Take, Unspent, NEVER_RECHECK};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -345,7 +345,11 @@ impl Engine {
                 // The deadlines count from when the lease was sent: never later than the grant.
                 if self.background.is_closed() || !local.add(&reply, (sent, failures), plan, now) {
                     // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
-                    self.give_back(compiled, local, reply.granted).await;
+                    let unspent = Unspent {
+                        tokens: reply.granted,
+                        since: reply.mark,
+                    };
+                    self.give_back(compiled, local, unspent).await;
                 }
             }
             Ok(reply) => {
@@ -362,20 +366,25 @@ impl Engine {
 
     /// Expires the key's overdue tokens and gives them back in the background.
     fn expire(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, now: u64) {
-        let n = local.expire(now, self.store.failures());
-        if n > 0 {
+        let unspent = local.expire(now, self.store.failures());
+        if unspent.tokens > 0 {
             let this = self.clone();
             let (compiled, local) = (compiled.clone(), local.clone());
             self.background
-                .spawn(async move { this.give_back(&compiled, &local, n).await });
+                .spawn(async move { this.give_back(&compiled, &local, unspent).await });
         }
     }
 
-    /// Gives `n` unused tokens back to the shared bucket (capped at its capacity by the script).
-    pub(crate) async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, n: u64) {
+    /// Gives `n` unused tokens back to the shared bucket, tokens of the lease marked `since` or later: the script
+    /// adds at most the room the bucket had since that lease (so what the refill replaced counts once), capped
+    /// at its top.
+    pub(crate) async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, unspent: Unspent) {
+        let Unspent { tokens: n, since } = unspent;
         let tokens = i64::try_from(n).unwrap_or(i64::MAX);
         // Once: a Cluster client retries a call whose connection dropped after the script ran.
-        let call = Call::give_back(&local.store_key, local.bucket, tokens).once(self.members.next());
+        let call = Call::give_back(&local.store_key, local.bucket, tokens)
+            .once(self.members.next())
+            .since(since);
         match self.store.run(&call).await {
             Ok(_) => {
                 compiled.metrics.returned_tokens.increment(n);
@@ -389,12 +398,12 @@ impl Engine {
 
     /// Takes every token of a local bucket and gives them back in the background.
     fn drain_in_background(self: &Arc<Self>, compiled: &Arc<Compiled>, local: Arc<LocalBucket>) {
-        let tokens = local.drain();
+        let unspent = local.drain();
         compiled.flush(local.unflushed());
-        if tokens > 0 {
+        if unspent.tokens > 0 {
             let (this, compiled) = (self.clone(), compiled.clone());
             self.background
-                .spawn(async move { this.give_back(&compiled, &local, tokens).await });
+                .spawn(async move { this.give_back(&compiled, &local, unspent).await });
         }
     }
 
@@ -483,15 +492,15 @@ impl Engine {
         }
     }
 
-    /// Takes every leased token of these rules, for shutdown: `(rule, bucket, tokens)` to give back.
-    pub(crate) fn drain(rules: &[Arc<Compiled>]) -> Vec<(Arc<Compiled>, Arc<LocalBucket>, u64)> {
+    /// Takes every leased token of these rules, for shutdown: `(rule, bucket, unspent)` to give back.
+    pub(crate) fn drain(rules: &[Arc<Compiled>]) -> Vec<(Arc<Compiled>, Arc<LocalBucket>, Unspent)> {
         let mut drained = Vec::new();
         for compiled in rules {
             for entry in compiled.leases.iter() {
-                let tokens = entry.drain();
+                let unspent = entry.drain();
                 compiled.flush(entry.unflushed());
-                if tokens > 0 {
-                    drained.push((compiled.clone(), entry.value().clone(), tokens));
+                if unspent.tokens > 0 {
+                    drained.push((compiled.clone(), entry.value().clone(), unspent));
                 }
             }
             compiled.leases.clear();

@@ -126,6 +126,7 @@ fn grant(tokens: u64) -> Reply {
         remaining: 990,
         retry_after_ms: 0,
         reset_after_ms: 0,
+        mark: 0,
     }
 }
 
@@ -150,7 +151,7 @@ fn an_expiry_racing_a_stealing_taker_keeps_no_token_of_an_expired_batch() {
                 b.try_take(1, 200 * MS)
             })
         };
-        let expired = b.expire(200 * MS, 0);
+        let expired = b.expire(200 * MS, 0).tokens;
         let taken = match t.join().unwrap() {
             Take::Taken { .. } => 1,
             _ => 0,

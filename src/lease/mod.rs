@@ -4,6 +4,7 @@
 //! `bucket.rs` is one key's leased tokens (the hot path); `engine.rs` decides from them, leases, expires, gives
 //! back, sweeps and evicts.
 
+mod book;
 pub(crate) mod bucket;
 pub(crate) mod engine;
 pub(crate) mod heat;

@@ -45,11 +45,14 @@ pub(crate) enum Op {
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
-    /// retried after a connection dropped once the script ran does not add the tokens twice.
+    /// retried after a connection dropped once the script ran does not add the tokens twice. `since`: the mark
+    /// of the oldest lease the tokens came from ([`crate::algorithm::Reply::mark`]), which caps what they add
+    /// at the room the bucket had since (sent with an `id` only).
     TokenReturn {
         bucket: TokenBucket,
         tokens: i64,
         id: Option<String>,
+        since: Option<u64>,
     },
     /// `token_return.lua` with the debit's mark: charge `tokens` admitted alone, once only, however often the
     /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for
@@ -463,11 +466,17 @@ impl Call {
                 v.extend([int(*min), int(*max), int(*batch), int(pace.chunk), int(pace.chunk_ms)]);
                 v
             }
-            Op::TokenReturn { bucket: b, tokens, id } => {
+            Op::TokenReturn {
+                bucket: b,
+                tokens,
+                id,
+                since,
+            } => {
                 let mut v = bucket(b).to_vec();
                 v.push(Arg::Int(*tokens));
                 if id.is_some() {
                     v.push(Arg::Int(0)); // hold_ms: a give-back holds nothing
+                    v.push(since.map_or(Arg::Int(-1), int));
                 }
                 v
             }
@@ -480,6 +489,7 @@ impl Call {
                 let mut v = bucket(b).to_vec();
                 v.push(Arg::Int(ms(*tokens).saturating_neg()));
                 v.push(int(*hold_ms));
+                v.push(Arg::Int(-1)); // since: a debit gives nothing back
                 v
             }
             Op::TokenAcquire {

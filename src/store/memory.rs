@@ -26,9 +26,9 @@ mod hash;
 /// of the same hash tag): one entry, one lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    /// The bucket (`None` = full), its ban, the marks of the debits applied to it, and the fields of its hash
-    /// beside the level.
-    TokenBucket(Option<TokenBucketState>, Ban, Marks, Fields),
+    /// The bucket (`None` = full; boxed, as its notes of room make it the largest state), its ban, the marks of
+    /// the debits applied to it, and the fields of its hash beside the level.
+    TokenBucket(Option<Box<TokenBucketState>>, Ban, Marks, Fields),
     SlidingLog(Log, Ban),
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
@@ -158,7 +158,7 @@ impl MemoryStore {
             Some(Entry {
                 state: State::TokenBucket(s, ..),
                 ..
-            }) => *s,
+            }) => s.as_deref().copied(),
             _ => None,
         }
     }
@@ -295,6 +295,7 @@ impl MemoryStore {
                     remaining: 0,
                     retry_after_ms: 0,
                     reset_after_ms: 0,
+                    mark: 0,
                 })
             }
         }

@@ -65,8 +65,20 @@ impl Call {
                 bucket,
                 tokens,
                 id: None,
+                since: None,
             },
         )
+    }
+
+    /// This give-back (of [`Call::give_back`]) of tokens leased since `mark` (a lease's
+    /// [`crate::algorithm::Reply::mark`]): they add at most the room the bucket had since. Applies to a call
+    /// made [`Call::once`] (the script reads the mark after the hold); other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn since(mut self, mark: u64) -> Self {
+        if let Op::TokenReturn { since, .. } = &mut self.op {
+            *since = Some(mark);
+        }
+        self
     }
 
     /// This give-back (of [`Call::give_back`]) applied once however often it is sent with the same `id` (unique

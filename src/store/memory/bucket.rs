@@ -59,18 +59,19 @@ impl MemoryStore {
                 bucket,
                 tokens,
                 id: Some(id),
+                since,
             } => self.update_bucket_with(key, now, |old, _, marks, fields| {
                 // A give-back to a full bucket adds nothing and still leaves its mark, so that a retry after a
                 // take adds nothing either (token_return.lua).
                 let (n, debit) = (tokens.unsigned_abs(), *tokens < 0);
-                once((bucket, old, now), (marks, fields), (id, debit, n, 0))
+                once((bucket, old, now), (marks, fields), (id, debit, n, 0), *since)
             }),
             Op::TokenReturn { bucket, tokens, .. } if *tokens < 0 => {
                 self.update_bucket(key, now, |old, _| bucket.debit(old, tokens.unsigned_abs(), now))
             }
             Op::TokenReturn { bucket, tokens, .. } => {
                 let tokens = tokens.unsigned_abs();
-                self.update_bucket(key, now, |old, _| bucket.give_back(old, tokens, now))
+                self.update_bucket(key, now, |old, _| bucket.give_back(old, tokens, None, now))
             }
             Op::Debit {
                 bucket,
@@ -78,7 +79,7 @@ impl MemoryStore {
                 id,
                 hold_ms,
             } => self.update_bucket_with(key, now, |old, _, marks, fields| {
-                once((bucket, old, now), (marks, fields), (id, true, *tokens, *hold_ms))
+                once((bucket, old, now), (marks, fields), (id, true, *tokens, *hold_ms), None)
             }),
             _ => Err(bad_args(call, "not a token-bucket call")),
         }
@@ -107,14 +108,17 @@ impl MemoryStore {
         f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks, &mut Fields) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
         self.update_until(key, now, |state| {
-            let (old, mut ban, mut marks, mut fields) = match state {
-                Some((State::TokenBucket(s, ban, marks, fields), _)) => (s, ban, marks, fields),
+            let (mut old, mut ban, mut marks, mut fields) = match state {
+                Some((State::TokenBucket(s, ban, marks, fields), _)) => (s.map(|s| *s), ban, marks, fields),
                 _ => (None, Ban::default(), Marks::new(), Fields::default()),
             };
             let hash_until = old
                 .map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX))
                 .max(fields.hold_until_ms);
             if hash_until <= now {
+                // Redis expired the hash (the entry lived on for a ban or a mark): a missing bucket, full in this
+                // call's parameters, with no notes or pending tokens.
+                old = None;
                 fields = Fields::default();
             }
             let (new, reply) = f(old, &mut ban, &mut marks, &mut fields);
@@ -127,7 +131,7 @@ impl MemoryStore {
             let until = full_at.max(ban.until_ms).max(marked).max(fields.hold_until_ms);
             let keep = until > now;
             (
-                keep.then_some((State::TokenBucket(new, ban, marks, fields), until)),
+                keep.then_some((State::TokenBucket(new.map(Box::new), ban, marks, fields), until)),
                 reply,
             )
         })
@@ -141,12 +145,13 @@ fn once(
     (bucket, old, now): (&TokenBucket, Option<TokenBucketState>, u64),
     (marks, fields): (&mut Marks, &mut Fields),
     (id, debit, n, hold_ms): (&str, bool, u64, u64),
+    since: Option<u64>,
 ) -> (Option<TokenBucketState>, Reply) {
     let apply = |old, n| {
         if debit {
             bucket.debit(old, n, now)
         } else {
-            bucket.give_back(old, n, now)
+            bucket.give_back(old, n, since, now)
         }
     };
     marks.retain(|(_, _, until)| *until > now);

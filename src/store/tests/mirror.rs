@@ -2,9 +2,10 @@
 //! the same bucket on a real Redis and on the in-process store.
 
 use super::harness::EveryStore;
-use super::token_bucket::{acquire, connect, give, paced, redis_bucket, take};
+use super::token_bucket::{acquire, bucket, connect, give, paced, redis_bucket, take};
 use crate::algorithm::Reply;
 use crate::store::call::Arg;
+use crate::store::call::Op;
 use crate::store::{Call, Store};
 
 /// Runs `call`'s script on Redis and removes its key's TTL in one transaction (Redis 7 freezes its clock for
@@ -26,7 +27,8 @@ fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
         .ignore()
         .query(con)
         .unwrap_or_else(|e| panic!("{call:?}: {e}"));
-    Reply::from_wire(values.try_into().expect("four integers"))
+    let mark = values.get(4).copied().unwrap_or(0);
+    Reply::from_wire(values[..4].try_into().expect("four integers"), mark)
 }
 
 /// A pseudo-random sequence of takes, paced leases, acquires, returns and debits on a few keys, each call with parameters drawn
@@ -36,10 +38,20 @@ fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
 /// TTL would have.
 #[tokio::test]
 async fn redis_and_memory_agree_on_a_random_sequence_with_reloads() {
+    play(0x9e37_79b9_7f4a_7c15, true, 2_000).await;
+}
+
+/// The same with each key's parameters fixed and calls closer together, so that the notes of room live long
+/// enough for give-backs that send a lease's mark to be capped by them.
+#[tokio::test]
+async fn redis_and_memory_agree_on_what_give_backs_add_since_their_lease() {
+    play(0x2545_f491_4f6c_dd1d, false, 300).await;
+}
+
+async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
     let stores = EveryStore::start();
     let (server, memory) = (&stores.server, &stores.memory);
     let mut con = connect(server);
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move |n: u64| {
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -55,17 +67,30 @@ async fn redis_and_memory_agree_on_a_random_sequence_with_reloads() {
         (10, 10, 1_000),
     ];
     let mut now = 1_700_000_000_000;
+    // The marks of the last leases granted, newest first.
+    let mut marks: Vec<u64> = Vec::new();
+    let mut capped = 0;
     for i in 0..800 {
-        let (cap, rate, per) = params[usize::try_from(next(6)).expect("idx")];
-        let key = format!("tl:{{r:{}}}", next(3));
+        let k = next(3);
+        let (cap, rate, per) = params[usize::try_from(if reloads { next(6) } else { 3 * k % 6 + 1 }).expect("idx")];
+        let key = format!("tl:{{r:{k}}}");
         let params = (cap, rate, per);
-        now += next(2_000);
+        now += next(gap_ms);
         if redis_bucket(&mut con, &key).is_some_and(|s| s.full_at_ms().is_some_and(|t| t <= now)) {
             redis::cmd("DEL").arg(&key).exec(&mut con).expect("DEL");
         }
-        let call = match next(6) {
+        let call = match next(7) {
             // Returns and debits alike: −10 to 9 tokens.
             0 => give(&key, params, i64::try_from(next(20)).expect("n") - 10, now),
+            // A give-back of a lease's tokens, capped by the room since its mark (one of the last leases', or
+            // one from before the notes).
+            6 => {
+                let since = marks.get(usize::try_from(next(4)).expect("idx")).copied().unwrap_or(1);
+                Call::give_back(&key, bucket(params), i64::try_from(next(2 * cap)).expect("n"))
+                    .once(format!("m.{i}"))
+                    .since(since)
+                    .at(now)
+            }
             1 => acquire(&key, params, 1 + next(cap), next(5_000), now),
             // Paced leases: pending tokens that cap the refill and the give-backs.
             2 => {
@@ -81,10 +106,28 @@ async fn redis_and_memory_agree_on_a_random_sequence_with_reloads() {
         let a = run_persisting(&mut con, &call);
         let b = memory.run(&call).await.expect("memory");
         assert_eq!(a, b, "step {i}: {call:?}");
+        if a.mark > 0 {
+            marks.insert(0, a.mark);
+            marks.truncate(4);
+        }
+        if let (
+            Op::TokenReturn {
+                tokens, since: Some(_), ..
+            },
+            Some(s),
+        ) = (&call.op, redis_bucket(&mut con, &key))
+        {
+            // Fewer accepted than given, and the level still below its top: the notes capped it.
+            let top = i128::from(s.bucket.capacity - s.paced.at(now)) * i128::from(s.bucket.per_ms);
+            capped += usize::from(a.granted < tokens.unsigned_abs() && i128::from(s.level) < top);
+        }
         assert_eq!(
             redis_bucket(&mut con, &key),
             memory.token_bucket(&key),
             "the stored bucket after step {i}: redis (left) and memory (right); {call:?}"
         );
+    }
+    if !reloads {
+        assert!(capped >= 10, "only {capped} give-backs were capped by their notes");
     }
 }
