@@ -436,16 +436,18 @@ impl Engine {
                     self.expire(compiled, local, now);
                 }
                 outstanding += local.available() + local.scheduled();
-                // Cooled: decided fewer than a sixteenth of the smallest batch per TTL (a key turns hot from about
-                // an eighth, see `hot_at`: the gap keeps a key near the threshold from going back and forth),
-                // measured over COOLING_TTLS TTLs: over one, a key decided a few times per TTL reads 0 or 2 by
-                // chance, and would go cold and hot again, a cold call and a lease each time.
+                // Cooled: decided fewer than a sixteenth of the smallest batch per TTL, or fewer than once (a key
+                // turns hot from about an eighth, and 1.5 times per TTL, see `hot_at`: the gap keeps a key near
+                // the threshold from going back and forth), measured over COOLING_TTLS TTLs: over one, a key
+                // decided a few times per TTL reads 0 or 2 by chance, and would go cold and hot again, a cold
+                // call and a lease each time. Under once per TTL a lease serves one decision at most and gives
+                // the rest back: a call per decision, as cold, and one more.
                 let ttl_ns = nanos(local.lease.ttl);
                 if let Some(per_s) = local.heat(ttl_ns.saturating_mul(COOLING_TTLS), now) {
-                    // Decisions per TTL × 16 < min_batch, in decisions × ns (a whole count per TTL would read
-                    // 0.9 as 0).
+                    // Decisions per TTL × 16 < max(min_batch, 16), in decisions × ns (a whole count per TTL
+                    // would read 0.9 as 0).
                     let per_ttl_ns = u128::from(per_s) * u128::from(ttl_ns);
-                    if per_ttl_ns * 16 < u128::from(local.lease.min_batch) * 1_000_000_000 {
+                    if per_ttl_ns * 16 < u128::from(local.lease.min_batch.max(16)) * 1_000_000_000 {
                         cooled.push(entry.key().clone());
                     }
                 }

@@ -148,6 +148,11 @@ pub(crate) fn paced_turn(
     let chunk = u64::try_from(chunk).unwrap_or(u64::MAX).max(cost).max(1);
     let chunk_ms = u128::from(chunk) * 1_000 / u128::from(demand_per_s);
     let chunk_ms = u64::try_from(chunk_ms).unwrap_or(u64::MAX).max(1);
+    // A demand too slow to spend a chunk in a TTL (fewer than one decision per TTL) is not paced: each chunk
+    // lives a TTL, so its callers would come between chunks and be refused until the last one.
+    if chunk_ms > half_ttl_ms.saturating_mul(2) {
+        return None;
+    }
     let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(span_chunks(bucket, chunk_ms)));
     if turn <= spendable || turn <= chunk {
         return None;
@@ -262,6 +267,9 @@ pub(crate) mod tests {
         // Decisions of 20 tokens each: chunks of 20, one every 200 ms (as fast as they are spent), or none
         // would ever be admitted.
         assert_eq!(paced(true, (100, 20), 18), Some((every(20, 200), 100)));
+        // At 4 decisions a second a chunk lasts 250 ms, more than the TTL: callers would come between chunks
+        // and be refused until the last one. Not paced.
+        assert_eq!(paced(true, (4, 1), 0), None);
         // 10 a second: a turn of 10 chunks of 1, not 200 chunks over 20 s.
         assert_eq!(paced(true, (10, 1), 1), Some((every(1, 100), 10)));
         // 17 a second: a chunk of 1 every 58 ms, as fast as it is spent.
