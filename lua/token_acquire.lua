@@ -71,7 +71,7 @@ local function load_bucket(key, capacity, rate, per, now)
   local same = was_per == per and was_capacity == capacity and was_rate == rate
   -- Rooms noted under other parameters mean nothing under these (note_room): a reload forgets them. Every caller
   -- that gets `same = false` saves the bucket.
-  if not same then redis.call('HDEL', key, 'rooms_from', 'marks', 'rooms') end
+  if not same then redis.call('HDEL', key, 'rooms_from', 'stamps', 'rooms') end
   local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
   if pend <= 0 or now >= pend_end then return level, ts, same, 0 end
   local from = tonumber(s[7]) or now
@@ -114,19 +114,19 @@ local function save_bucket(key, level, ts, capacity, rate, per, pace)
 end
 
 -- Notes a change of the bucket's level (src/algorithm/room.rs), after save_bucket (a bucket deleted full keeps
--- no notes): its mark (ms × 1000 plus a count within the ms, only growing) and `room`, the whole tokens the level
--- could take up to the top just before the change, in the staircase `rooms` ("mark:room,...", marks and rooms
+-- no notes): its stamp (ms × 1000 plus a count within the ms, only growing) and `room`, the whole tokens the level
+-- could take up to the top just before the change, in the staircase `rooms` ("stamp:room,...", stamps and rooms
 -- increasing; a new step removes the earlier ones with as much room; beyond 16 steps the two neighbours whose
--- rooms differ least merge into the later mark with the lower room). A lease's grant starts the notes
--- (`rooms_from`, its mark); any other change is noted only once they have started. Returns the mark, 0 when
+-- rooms differ least merge into the later stamp with the lower room). A lease's grant starts the notes
+-- (`rooms_from`, its stamp); any other change is noted only once they have started. Returns the stamp, 0 when
 -- nothing is noted.
 local function note_room(key, room, lease, now)
-  local s = redis.call('HMGET', key, 'level', 'rooms_from', 'marks', 'rooms')
+  local s = redis.call('HMGET', key, 'level', 'rooms_from', 'stamps', 'rooms')
   local from, last = tonumber(s[2]) or 0, tonumber(s[3]) or 0
   if not s[1] or (from == 0 and not lease) then return 0 end
-  local mark = last + 1
-  if now * 1000 > mark then mark = now * 1000 end
-  if from == 0 then from = mark end
+  local stamp = last + 1
+  if now * 1000 > stamp then stamp = now * 1000 end
+  if from == 0 then from = stamp end
   local steps = {}
   for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do steps[#steps + 1] = { tonumber(m), tonumber(r) } end
   while #steps > 0 and steps[#steps][2] >= room do steps[#steps] = nil end
@@ -140,11 +140,11 @@ local function note_room(key, room, lease, now)
     if steps[i][2] < steps[i + 1][2] then steps[i + 1][2] = steps[i][2] end
     table.remove(steps, i)
   end
-  steps[#steps + 1] = { mark, room }
+  steps[#steps + 1] = { stamp, room }
   local f = {}
   for i, step in ipairs(steps) do f[i] = int(step[1]) .. ':' .. int(step[2]) end
-  redis.call('HSET', key, 'rooms_from', int(from), 'marks', int(mark), 'rooms', table.concat(f, ','))
-  return mark
+  redis.call('HSET', key, 'rooms_from', int(from), 'stamps', int(stamp), 'rooms', table.concat(f, ','))
+  return stamp
 end
 
 local capacity = tonumber(ARGV[1])

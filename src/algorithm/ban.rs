@@ -36,7 +36,7 @@ impl Ban {
             remaining,
             retry_after_ms,
             reset_after_ms: ms(reset_after_ms),
-            mark: 0,
+            stamp: 0,
         }
     }
 
@@ -57,6 +57,6 @@ pub(crate) fn banned(left: u64, remaining: u64, reset_after_ms: u64) -> Reply {
         remaining,
         retry_after_ms: ms(left),
         reset_after_ms: ms(reset_after_ms.max(left)),
-        mark: 0,
+        stamp: 0,
     }
 }

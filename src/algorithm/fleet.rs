@@ -138,7 +138,7 @@ impl Count {
             remaining: self.hold_ms,
             retry_after_ms: super::ms(self.presumed.epoch),
             reset_after_ms: super::ms(self.presumed.ms),
-            mark: 0,
+            stamp: 0,
         }
     }
 }

@@ -70,7 +70,7 @@ impl LeakyBucket {
                 remaining: 0,
                 retry_after_ms: ceil_div_i(wait - limit, rate),
                 reset_after_ms: ceil_div_i(wait, rate),
-                mark: 0,
+                stamp: 0,
             };
         }
         if cost == 0 {
@@ -80,7 +80,7 @@ impl LeakyBucket {
                 remaining: u64::try_from((limit - wait) / i128::from(self.per_ms) + 1).unwrap_or(u64::MAX),
                 retry_after_ms: 0,
                 reset_after_ms: ceil_div_i(wait, rate),
-                mark: 0,
+                stamp: 0,
             };
         }
         let tat = wait + step;
@@ -100,7 +100,7 @@ impl LeakyBucket {
             remaining,
             retry_after_ms: ceil_div_i(wait, rate),
             reset_after_ms: ceil_div_i(tat, rate),
-            mark: 0,
+            stamp: 0,
         }
     }
 
@@ -114,7 +114,7 @@ impl LeakyBucket {
                 remaining: 0,
                 retry_after_ms: 0,
                 reset_after_ms: ms(reset),
-                mark: 0,
+                stamp: 0,
             };
         };
         let rate = i128::from(self.rate);
@@ -127,7 +127,7 @@ impl LeakyBucket {
                 remaining: 0,
                 retry_after_ms: 0,
                 reset_after_ms: 0,
-                mark: 0,
+                stamp: 0,
             };
         }
         t.ms = now_ms + u64::try_from(tat.div_euclid(rate)).unwrap_or(u64::MAX);
@@ -138,7 +138,7 @@ impl LeakyBucket {
             remaining: 0,
             retry_after_ms: 0,
             reset_after_ms: ceil_div_i(tat, rate),
-            mark: 0,
+            stamp: 0,
         }
     }
     /// Charges slots released by one process's local queue under `fail_mode = "local"`: its local schedule ends
@@ -173,7 +173,7 @@ impl LeakyBucket {
                 remaining: 0,
                 retry_after_ms: 0,
                 reset_after_ms: ceil_div_i(wait, rate),
-                mark: 0,
+                stamp: 0,
             };
         }
         *state = Some(Tat {
@@ -187,7 +187,7 @@ impl LeakyBucket {
             remaining: 0,
             retry_after_ms: 0,
             reset_after_ms: ms(ahead_ms),
-            mark: 0,
+            stamp: 0,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! largest exact quantity, milliseconds.
 
 /// The reply every algorithm (and every Lua script) gives: `{ granted, remaining, retry_after_ms, reset_after_ms }`,
-/// and a lease's mark after them.
+/// and a lease's stamp after them.
 ///
 /// See docs/ARCHITECTURE.md, "The Lua protocol".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -15,24 +15,24 @@ pub struct Reply {
     pub retry_after_ms: i64,
     /// Milliseconds until the key is back to its full allowance, [`NEVER`] when it never will be.
     pub reset_after_ms: i64,
-    /// A lease's grant: its mark in the bucket's notes of room (`token_lease.lua`'s fifth integer), which its
+    /// A lease's grant: its stamp in the bucket's notes of room (`token_lease.lua`'s fifth integer), which its
     /// give-back sends back ([`crate::algorithm::room::Rooms`]); 0 otherwise.
-    pub mark: u64,
+    pub stamp: u64,
 }
 
 /// The `-1` of the protocol: "never" in `retry_after_ms` and `reset_after_ms`.
 pub const NEVER: i64 = -1;
 
 impl Reply {
-    /// Builds a reply from the four integers a Lua script returns, and a lease's mark (0 when absent).
-    pub fn from_wire(values: [i64; 4], mark: i64) -> Self {
+    /// Builds a reply from the four integers a Lua script returns, and a lease's stamp (0 when absent).
+    pub fn from_wire(values: [i64; 4], stamp: i64) -> Self {
         let [granted, remaining, retry_after_ms, reset_after_ms] = values;
         Self {
             granted: u64::try_from(granted).unwrap_or(0),
             remaining: u64::try_from(remaining).unwrap_or(0),
             retry_after_ms,
             reset_after_ms,
-            mark: u64::try_from(mark).unwrap_or(0),
+            stamp: u64::try_from(stamp).unwrap_or(0),
         }
     }
 }

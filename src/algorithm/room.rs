@@ -1,37 +1,37 @@
 //! What a token bucket could take back: the *room* (tokens up to its top) it had at each change of its level
-//! since a lease (mirrors the `marks`, `rooms` and `rooms_from` fields of the token scripts in `lua/`).
+//! since a lease (mirrors the `stamps`, `rooms` and `rooms_from` fields of the token scripts in `lua/`).
 //!
 //! The store refills a bucket while a lease's tokens are out, as if they were spent. Tokens given back unspent
 //! after the level had refilled to its top would count twice: the refill the top cut off then, and the tokens
 //! now. A give-back is worth what the bucket would hold had those tokens never left it: at most the lowest room
 //! the level had at any change since the lease's grant (the refill is computed, and cut at the top, only at a
-//! change). So every change of a leased bucket's level is *marked* (a number that only grows: the store's
+//! change). So every change of a leased bucket's level gets a *stamp* (a number that only grows: the store's
 //! milliseconds × 1000 plus a count within the millisecond), its room is noted, the lease's reply carries its
-//! mark, and the give-back sends it back ([`Rooms::lowest_since`]).
+//! stamp, and the give-back sends it back ([`Rooms::lowest_since`]).
 //!
-//! A give-back that adds `d` tokens lowers by `d` every room noted after its lease's mark (the level would
+//! A give-back that adds `d` tokens lowers by `d` every room noted after its lease's stamp (the level would
 //! have been that much higher there): two give-backs cannot both fill the same room ([`Rooms::fill_since`]).
 //!
-//! Only the lowest room since each mark matters, so a new note removes every earlier one with as much room. At
-//! most [`ROOMS`] are kept; beyond, the two neighbours whose rooms differ least merge into the later mark with
+//! Only the lowest room since each stamp matters, so a new note removes every earlier one with as much room. At
+//! most [`ROOMS`] are kept; beyond, the two neighbours whose rooms differ least merge into the later stamp with
 //! the lower room, which can only make a give-back worth less, and by at most that difference.
 
 /// Notes a bucket keeps (the staircase's steps).
 pub const ROOMS: usize = 16;
 
-/// Marks per millisecond: a mark is `now_ms × MARKS_PER_MS` plus a count within the millisecond.
-pub const MARKS_PER_MS: u64 = 1000;
+/// Stamps per millisecond: a stamp is `now_ms × STAMPS_PER_MS` plus a count within the millisecond.
+pub const STAMPS_PER_MS: u64 = 1000;
 
 /// The room a bucket had at each change of its level since a lease (module docs). `from == 0`: no lease since the
-/// bucket was last full, so nothing is noted and a give-back with a mark is worth nothing.
+/// bucket was last full, so nothing is noted and a give-back with a stamp is worth nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Rooms {
-    /// The mark since which every change is noted (the first lease's); 0 when none.
+    /// The stamp since which every change is noted (the first lease's); 0 when none.
     pub from: u64,
-    /// The last mark handed out.
+    /// The last stamp handed out.
     pub last: u64,
-    /// `(mark, room)` of the first `len` steps, oldest first; a room is whole tokens the level could take up to
-    /// the bucket's top just before the change so marked.
+    /// `(stamp, room)` of the first `len` steps, oldest first; a room is whole tokens the level could take up to
+    /// the bucket's top just before the change so stamped.
     pub steps: [(u64, u64); ROOMS],
     /// Steps in use.
     pub len: usize,
@@ -39,22 +39,22 @@ pub struct Rooms {
 
 impl Rooms {
     /// Notes a change at `now_ms` whose level had `room` whole tokens up to the top just before it, and returns
-    /// its mark. `lease`: a lease's grant, which starts the notes; any other change is noted only once they have
+    /// its stamp. `lease`: a lease's grant, which starts the notes; any other change is noted only once they have
     /// started (0 is returned otherwise).
     pub(crate) fn note(&mut self, room: u64, lease: bool, now_ms: u64) -> u64 {
         if self.from == 0 && !lease {
             return 0;
         }
-        let mark = self.last.saturating_add(1).max(now_ms.saturating_mul(MARKS_PER_MS));
+        let stamp = self.last.saturating_add(1).max(now_ms.saturating_mul(STAMPS_PER_MS));
         if self.from == 0 {
-            self.from = mark;
+            self.from = stamp;
         }
-        self.last = mark;
+        self.last = stamp;
         while self.len > 0 && self.steps[self.len - 1].1 >= room {
             self.len -= 1;
         }
         if self.len == ROOMS {
-            // Two neighbours merge, those whose rooms differ least (the oldest such): the later mark with the
+            // Two neighbours merge, those whose rooms differ least (the oldest such): the later stamp with the
             // lower room. A give-back of a lease granted between them loses at most that difference.
             let mut i = 0;
             for j in 1..ROOMS - 1 {
@@ -67,39 +67,39 @@ impl Rooms {
             self.steps.copy_within(i + 1.., i);
             self.len -= 1;
         }
-        self.steps[self.len] = (mark, room);
+        self.steps[self.len] = (stamp, room);
         self.len += 1;
         // Unused steps are zero, so equal notes compare equal.
         self.steps[self.len..].fill((0, 0));
-        mark
+        stamp
     }
 
-    /// The lowest room noted after `mark` (a lease's grant), [`u64::MAX`] when no change came after it; 0 when
+    /// The lowest room noted after `stamp` (a lease's grant), [`u64::MAX`] when no change came after it; 0 when
     /// the notes do not reach back to it (they started later: the bucket was full or reloaded in between).
-    pub(crate) fn lowest_since(&self, mark: u64) -> u64 {
-        if self.from == 0 || mark < self.from {
+    pub(crate) fn lowest_since(&self, stamp: u64) -> u64 {
+        if self.from == 0 || stamp < self.from {
             return 0;
         }
         self.steps[..self.len]
             .iter()
-            .filter(|(m, _)| *m > mark)
+            .filter(|(m, _)| *m > stamp)
             .map(|(_, room)| *room)
             .min()
             .unwrap_or(u64::MAX)
     }
 
-    /// `tokens` given back from the lease marked `mark` are added: had they never left, the level would have
-    /// been that much higher at every change since, so each room noted after the mark is that much less (two
+    /// `tokens` given back from the lease stamped `stamp` are added: had they never left, the level would have
+    /// been that much higher at every change since, so each room noted after the stamp is that much less (two
     /// give-backs cannot both fill the same room).
-    pub(crate) fn fill_since(&mut self, mark: u64, tokens: u64) {
+    pub(crate) fn fill_since(&mut self, stamp: u64, tokens: u64) {
         for (m, room) in &mut self.steps[..self.len] {
-            if *m > mark {
+            if *m > stamp {
                 *room = room.saturating_sub(tokens);
             }
         }
     }
 
-    /// The notes a hash holds: `rooms_from`, `marks` and `rooms` (`mark:room` pairs joined by commas, as the
+    /// The notes a hash holds: `rooms_from`, `stamps` and `rooms` (`stamp:room` pairs joined by commas, as the
     /// scripts write them).
     #[cfg(test)]
     pub(crate) fn from_fields(from: u64, last: u64, rooms: &str) -> Self {
@@ -130,19 +130,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_give_back_is_worth_the_lowest_room_after_its_mark() {
+    fn a_give_back_is_worth_the_lowest_room_after_its_stamp() {
         let mut r = Rooms::default();
         assert_eq!(r.note(5, false, 1), 0, "nothing is noted before a lease");
         let a = r.note(40, true, 10);
         assert_eq!((a, r.from), (10_000, 10_000));
         let b = r.note(0, false, 10);
-        assert_eq!(b, 10_001, "marks grow within a millisecond");
+        assert_eq!(b, 10_001, "stamps grow within a millisecond");
         let c = r.note(30, true, 20);
         r.note(60, false, 30);
         assert_eq!(r.lowest_since(a), 0, "the level was at its top after a");
         assert_eq!(r.lowest_since(b), 30);
         assert_eq!(r.lowest_since(c), 60);
-        assert_eq!(r.lowest_since(r.last), u64::MAX, "nothing changed after the last mark");
+        assert_eq!(r.lowest_since(r.last), u64::MAX, "nothing changed after the last stamp");
         assert_eq!(r.lowest_since(a - 1), 0, "before the notes start: worth nothing");
         assert_eq!(r.encode(), "10001:0,20000:30,30000:60");
     }
@@ -152,22 +152,22 @@ mod tests {
         let mut r = Rooms::default();
         // Rooms 1, 2, 3, ... 10, then 100, 200, ... : the small rises merge first, the large ones stay exact.
         let rooms: Vec<u64> = (1..=10).chain((1..=12).map(|i| 100 * i)).collect();
-        let marks: Vec<u64> = rooms
+        let stamps: Vec<u64> = rooms
             .iter()
             .enumerate()
             .map(|(i, room)| r.note(*room, true, 100 + i as u64))
             .collect();
         assert_eq!(r.len, ROOMS);
-        for (i, mark) in marks.iter().enumerate() {
+        for (i, stamp) in stamps.iter().enumerate() {
             let exact = rooms.get(i + 1).copied().unwrap_or(u64::MAX);
-            let kept = r.lowest_since(*mark);
-            assert!(kept <= exact, "after mark {i}: {kept} > {exact}");
+            let kept = r.lowest_since(*stamp);
+            assert!(kept <= exact, "after stamp {i}: {kept} > {exact}");
             if rooms[i] >= 100 {
-                assert_eq!(kept, exact, "after mark {i}: the steps of large rises are exact");
+                assert_eq!(kept, exact, "after stamp {i}: the steps of large rises are exact");
             } else {
                 assert!(
                     exact - kept <= 9,
-                    "after mark {i}: {kept}, lost more than the small rises"
+                    "after stamp {i}: {kept}, lost more than the small rises"
                 );
             }
         }
@@ -176,10 +176,10 @@ mod tests {
     use crate::algorithm::{Pace, TokenBucket};
     use proptest::prelude::*;
 
-    /// A lease out: granted at `at_ms` with `mark`, `granted` tokens, of which `back` go back at `back_ms`.
+    /// A lease out: granted at `at_ms` with `stamp`, `granted` tokens, of which `back` go back at `back_ms`.
     struct Out {
         at_ms: u64,
-        mark: u64,
+        stamp: u64,
         granted: u64,
         back: u64,
         back_ms: u64,
@@ -188,7 +188,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2_000))]
 
-        /// Leases, takes and give-backs that send their lease's mark, in any order: what the bucket grants, less
+        /// Leases, takes and give-backs that send their lease's stamp, in any order: what the bucket grants, less
         /// what comes back, never exceeds its capacity plus its refill over any span of grants. So a fleet that
         /// spends each lease within its TTL admits at most `capacity + rate × (W + ttl)` in any window W.
         #[test]
@@ -211,7 +211,7 @@ mod tests {
                 while out.first().is_some_and(|o| o.back_ms <= now) {
                     let o = out.remove(0);
                     last = last.max(o.back_ms);
-                    state = b.give_back(state, o.back, Some(o.mark), last).0;
+                    state = b.give_back(state, o.back, Some(o.stamp), last).0;
                     net.push((o.at_ms, o.granted - o.back));
                 }
                 last = now;
@@ -227,7 +227,7 @@ mod tests {
                 if reply.granted > 0 {
                     let back = reply.granted * back_pct / 100;
                     let back_ms = now + ttl_ms * when_pct / 100;
-                    out.push(Out { at_ms: now, mark: reply.mark, granted: reply.granted, back, back_ms });
+                    out.push(Out { at_ms: now, stamp: reply.stamp, granted: reply.granted, back, back_ms });
                 }
             }
             for o in out {

@@ -35,7 +35,7 @@ pub struct TokenBucketState {
     /// What paced leases have yet to release (the hash's `pend` fields, `lua/token_lease.lua`): the level refills
     /// to at most the capacity less these.
     pub paced: Pending,
-    /// The room the level had at each change since a lease (the hash's `marks`, `rooms` and `rooms_from`): what
+    /// The room the level had at each change since a lease (the hash's `stamps`, `rooms` and `rooms_from`): what
     /// a give-back may add ([`TokenBucket::give_back`]).
     pub rooms: Rooms,
 }
@@ -201,7 +201,7 @@ impl TokenBucket {
     }
 
     /// [`TokenBucket::take`], its grant noted in the bucket's rooms; a `lease`'s grant starts the notes and its
-    /// reply carries its mark.
+    /// reply carries its stamp.
     fn take_noted(
         &self,
         state: Option<TokenBucketState>,
@@ -226,7 +226,7 @@ impl TokenBucket {
         } else {
             retry_after_ms = ceil_ms(self.units(need) - s.level, self.rate);
         }
-        let mark = if granted > 0 {
+        let stamp = if granted > 0 {
             s.rooms.note(room, lease, now_ms)
         } else {
             0
@@ -236,7 +236,7 @@ impl TokenBucket {
             remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
             retry_after_ms,
             reset_after_ms: self.reset_after(s.level),
-            mark: if lease { mark } else { 0 },
+            stamp: if lease { stamp } else { 0 },
         };
         let new = if granted > 0 {
             self.stored(s)
@@ -304,7 +304,7 @@ impl TokenBucket {
             remaining: u64::try_from(self.tokens(level)).unwrap_or(0),
             retry_after_ms,
             reset_after_ms: self.reset_after(level),
-            mark: 0,
+            stamp: 0,
         };
         if cost > self.capacity || (self.rate == 0 && s.level < self.units(cost)) {
             return (self.unchanged(state, s), refuse(NEVER, s.level));
@@ -320,7 +320,7 @@ impl TokenBucket {
             remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
             retry_after_ms: wait,
             reset_after_ms: self.reset_after(s.level),
-            mark: 0,
+            stamp: 0,
         };
         (self.stored(s), reply)
     }
@@ -345,7 +345,7 @@ impl TokenBucket {
                 remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
                 retry_after_ms: ms(left),
                 reset_after_ms: at_least(self.reset_after(s.level), ms(left)),
-                mark: 0,
+                stamp: 0,
             };
             return (self.unchanged(state, s), reply);
         }
@@ -375,16 +375,16 @@ impl TokenBucket {
             remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
             retry_after_ms: ms(hold_until_ms - now_ms),
             reset_after_ms: self.reset_after(s.level),
-            mark: 0,
+            stamp: 0,
         };
         Some((self.unchanged(state, s), reply))
     }
 
     /// Gives `tokens` back at `now_ms`, tokens of the lease marked `since` (the oldest lease they came from, a
-    /// [`Reply::mark`]): at most the lowest room the level had at any change after that mark
+    /// [`Reply::stamp`]): at most the lowest room the level had at any change after that stamp
     /// ([`Rooms::lowest_since`]), so tokens the refill already replaced while they were out are not added twice;
     /// and never above the top (the capacity less what paced leases have yet to release). A missing (full)
-    /// bucket takes nothing. `since = None` (a caller of the script that sends no mark) caps at the top alone.
+    /// bucket takes nothing. `since = None` (a caller of the script that sends no stamp) caps at the top alone.
     /// The reply's `granted` is the number of whole tokens accepted.
     pub(crate) fn give_back(
         &self,
@@ -401,7 +401,7 @@ impl TokenBucket {
                     remaining: self.capacity,
                     retry_after_ms: 0,
                     reset_after_ms: 0,
-                    mark: 0,
+                    stamp: 0,
                 },
             );
         };
@@ -410,9 +410,9 @@ impl TokenBucket {
         let room = self.room(&s, now_ms);
         let tokens = match since {
             None => tokens,
-            Some(mark) => {
-                let added = tokens.min(room).min(s.rooms.lowest_since(mark));
-                s.rooms.fill_since(mark, added);
+            Some(stamp) => {
+                let added = tokens.min(room).min(s.rooms.lowest_since(stamp));
+                s.rooms.fill_since(stamp, added);
                 added
             }
         };
@@ -427,7 +427,7 @@ impl TokenBucket {
             remaining: u64::try_from(after).unwrap_or(0),
             retry_after_ms: 0,
             reset_after_ms: self.reset_after(s.level),
-            mark: 0,
+            stamp: 0,
         };
         (self.stored(s), reply)
     }
@@ -454,7 +454,7 @@ impl TokenBucket {
             remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
             retry_after_ms: 0,
             reset_after_ms: self.reset_after(s.level),
-            mark: 0,
+            stamp: 0,
         };
         (self.stored(s), reply)
     }
@@ -494,10 +494,10 @@ mod tests {
         let lease = |s, n, now| b.lease((s, 0), (1, n, 0), Pace::default(), now);
         let (s, _, a) = lease(None, 100, 0); // A: the whole burst, spends none
         let (s, _, first) = lease(s, 100, 999); // B: the refill, 49
-        let (s, _) = b.give_back(s, a.granted, Some(a.mark), 1_000); // A's tokens, expired, go back
+        let (s, _) = b.give_back(s, a.granted, Some(a.stamp), 1_000); // A's tokens, expired, go back
         let (s, _, c) = lease(s, 100, 1_000); // C: 100, in hand until 2000
         let (s, _, d) = lease(s, 100, 1_998); // D: the refill, 49
-        let (s, _) = b.give_back(s, first.granted, Some(first.mark), 1_999); // B's, expired, go back
+        let (s, _) = b.give_back(s, first.granted, Some(first.stamp), 1_999); // B's, expired, go back
         let (_, _, e) = lease(s, 100, 1_999); // E: what the level holds
 
         // At 1999 C, D and E hold tokens leased within the TTL, all spendable in the next 0.2 s.

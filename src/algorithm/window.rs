@@ -30,7 +30,7 @@ fn peeked(remaining: u64, reset_after_ms: u64) -> Reply {
         remaining,
         retry_after_ms: 0,
         reset_after_ms: ms(reset_after_ms),
-        mark: 0,
+        stamp: 0,
     }
 }
 
@@ -45,7 +45,7 @@ fn charged(granted: u64, remaining: u64, reset_after_ms: u64) -> Reply {
         remaining,
         retry_after_ms: 0,
         reset_after_ms: ms(reset_after_ms),
-        mark: 0,
+        stamp: 0,
     }
 }
 
@@ -92,7 +92,7 @@ impl SlidingLog {
                 remaining: self.limit - count - cost,
                 retry_after_ms: 0,
                 reset_after_ms: ms(self.window_ms),
-                mark: 0,
+                stamp: 0,
             };
         }
         // The (count + cost − limit)-th oldest grant must leave the window.
@@ -202,7 +202,7 @@ impl FixedWindow {
                 remaining: self.limit - state.count,
                 retry_after_ms: 0,
                 reset_after_ms: ms(ends_in),
-                mark: 0,
+                stamp: 0,
             };
         }
         let retry_after = if cost > self.limit { NEVER } else { ms(ends_in) };
@@ -312,7 +312,7 @@ impl SlidingWindow {
                 remaining: self.limit - count - cost,
                 retry_after_ms: 0,
                 reset_after_ms: ms(until_cur_leaves),
-                mark: 0,
+                stamp: 0,
             };
         }
         // Oldest sub-buckets leave first: sub-bucket i at (i + n) × sub.

@@ -169,7 +169,7 @@ impl Queues {
                 remaining: 0,
                 retry_after_ms: i64::try_from(step.max(1)).unwrap_or(i64::MAX),
                 reset_after_ms: 0,
-                mark: 0,
+                stamp: 0,
             });
         };
         let mut tat = local.tat.take();
@@ -210,7 +210,7 @@ impl Queues {
                 remaining: 0,
                 retry_after_ms: 0,
                 reset_after_ms: 0,
-                mark: 0,
+                stamp: 0,
             };
         };
         let mut tat = local.tat.take();
@@ -221,7 +221,7 @@ impl Queues {
                 remaining: 0,
                 retry_after_ms: 0,
                 reset_after_ms: 0,
-                mark: 0,
+                stamp: 0,
             };
         };
         let reply = share.give_back(&mut tat, cost, member, now_ms);

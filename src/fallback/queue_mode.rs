@@ -37,7 +37,7 @@ impl Fallback {
             remaining: 0,
             retry_after_ms,
             reset_after_ms: 0,
-            mark: 0,
+            stamp: 0,
         };
         let backoff = refused(to_protocol_ms(self.store.timeouts.backoff));
         let reason = FailReason::of(&error);
@@ -91,7 +91,7 @@ impl Fallback {
                     remaining: 0,
                     retry_after_ms: crate::algorithm::ms(backoff),
                     reset_after_ms: 0,
-                    mark: 0,
+                    stamp: 0,
                 }))
             }
             Op::LeakyReturn { queue, cost, member } => {

@@ -176,7 +176,7 @@ impl Shares {
                 remaining: 0,
                 retry_after_ms: NEVER,
                 reset_after_ms: NEVER,
-                mark: 0,
+                stamp: 0,
             });
         }
         // Exactly capacity / processes tokens (`share` rounds its capacity up to a whole token, at least 1): a

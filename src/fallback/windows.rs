@@ -282,7 +282,7 @@ impl WindowShares {
                 remaining: frame.budget - counted - cost,
                 retry_after_ms: 0,
                 reset_after_ms: signed(reset_after),
-                mark: 0,
+                stamp: 0,
             });
         }
         // When a call could pass: the window ends (fixed), or the oldest counted admission leaves it or the
@@ -307,7 +307,7 @@ impl WindowShares {
             remaining: frame.budget.saturating_sub(counted),
             retry_after_ms: retry_after,
             reset_after_ms: signed(frame.end.saturating_sub(now_ms)),
-            mark: 0,
+            stamp: 0,
         })
     }
 

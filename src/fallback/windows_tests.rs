@@ -22,7 +22,7 @@ fn reply(granted: u64, remaining: u64, reset_after_ms: i64) -> Reply {
         remaining,
         retry_after_ms: if granted > 0 { 0 } else { reset_after_ms },
         reset_after_ms,
-        mark: 0,
+        stamp: 0,
     }
 }
 
@@ -95,7 +95,7 @@ fn a_refusal_or_ban_seen_is_honoured_alone() {
         remaining: 100,
         retry_after_ms: 10_000,
         reset_after_ms: 10_000,
-        mark: 0,
+        stamp: 0,
     };
     s.report("k", &LOG, &banned, 0);
     assert_eq!(fill(&s, &LOG, 9_999), 0);

@@ -1,4 +1,4 @@
-//! The slow side of a [`super::bucket::LocalBucket`]: its book of leases (batches, their deadlines and marks, the
+//! The slow side of a [`super::bucket::LocalBucket`]: its book of leases (batches, their deadlines and stamps, the
 //! paced chunks to come, the adaptive batch and the demand), behind the bucket's mutex, and what a give-back
 //! carries ([`Unspent`]).
 
@@ -9,8 +9,8 @@ use super::shards::Counts;
 #[cfg(doc)]
 use crate::algorithm::Reply;
 
-/// Tokens to give back to the shared bucket, and `since`: the mark of the oldest lease they may come from
-/// ([`Reply::mark`]), which caps what they add (`token_return.lua`).
+/// Tokens to give back to the shared bucket, and `since`: the stamp of the oldest lease they may come from
+/// ([`Reply::stamp`]), which caps what they add (`token_return.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Unspent {
     pub(crate) tokens: u64,
@@ -30,10 +30,10 @@ pub(super) struct Batch {
 pub(super) struct Book {
     /// Live batches, oldest first.
     pub(super) batches: VecDeque<Batch>,
-    /// `(until_ns, mark)` of each lease whose tokens may still be here, oldest first: until its last chunk's
-    /// deadline, and its mark in the shared bucket's notes ([`Reply::mark`]). A give-back sends the oldest
-    /// mark ([`Self::oldest_mark`]): the tokens it gives back came from that lease or a later one.
-    pub(super) marks: VecDeque<(u64, u64)>,
+    /// `(until_ns, stamp)` of each lease whose tokens may still be here, oldest first: until its last chunk's
+    /// deadline, and its stamp in the shared bucket's notes ([`Reply::stamp`]). A give-back sends the oldest
+    /// stamp ([`Self::oldest_stamp`]): the tokens it gives back came from that lease or a later one.
+    pub(super) stamps: VecDeque<(u64, u64)>,
     /// The chunks of a paced lease still to be released.
     pub(super) schedule: Schedule,
     /// The adaptive batch size, in tokens.
@@ -54,11 +54,11 @@ pub(super) struct Book {
 }
 
 impl Book {
-    /// The mark of the oldest lease whose tokens may still be here; then forgets the leases whose last deadline
-    /// has passed by `now_ns` (their tokens are given back with this mark). 0 when none.
-    pub(super) fn oldest_mark(&mut self, now_ns: u64) -> u64 {
-        let oldest = self.marks.front().map_or(0, |(_, mark)| *mark);
-        self.marks.retain(|(until_ns, _)| *until_ns > now_ns);
+    /// The stamp of the oldest lease whose tokens may still be here; then forgets the leases whose last deadline
+    /// has passed by `now_ns` (their tokens are given back with this stamp). 0 when none.
+    pub(super) fn oldest_stamp(&mut self, now_ns: u64) -> u64 {
+        let oldest = self.stamps.front().map_or(0, |(_, stamp)| *stamp);
+        self.stamps.retain(|(until_ns, _)| *until_ns > now_ns);
         oldest
     }
 }

@@ -110,7 +110,7 @@ impl LocalBucket {
             notify: Notify::new(),
             book: Mutex::new(Book {
                 batches: VecDeque::new(),
-                marks: VecDeque::new(),
+                stamps: VecDeque::new(),
                 schedule: Schedule::default(),
                 batch: lease.min_batch,
                 saturated: false,
@@ -376,7 +376,7 @@ impl LocalBucket {
             .schedule
             .last_ns()
             .map_or(deadline_ns, |at| at.saturating_add(ttl_ns));
-        book.marks.push_back((until_ns, grant.mark));
+        book.stamps.push_back((until_ns, grant.stamp));
         // The deadline is in force before the tokens can be spent.
         self.next_deadline_ns.fetch_min(deadline_ns, Ordering::AcqRel);
         let turn_ns = u64::try_from(grant.retry_after_ms)
@@ -456,7 +456,7 @@ impl LocalBucket {
     /// batch: those go back to the shared bucket too, never spent twice.
     pub(crate) fn expire(&self, now_ns: u64, failures: u64) -> Unspent {
         let mut book = self.lock();
-        let since = book.oldest_mark(now_ns);
+        let since = book.oldest_stamp(now_ns);
         Self::attribute(&mut book, self.tokens.total());
         let dropped = book.schedule.since(failures);
         let ttl_ns = nanos(self.lease.ttl);
@@ -499,7 +499,7 @@ impl LocalBucket {
     pub(crate) fn drain(&self) -> Unspent {
         let mut book = self.lock();
         self.retired.store(true, Ordering::Release);
-        let since = book.oldest_mark(u64::MAX);
+        let since = book.oldest_stamp(u64::MAX);
         book.batches.clear();
         let scheduled = book.schedule.clear();
         self.publish_deadline(&book);

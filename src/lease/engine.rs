@@ -347,7 +347,7 @@ impl Engine {
                     // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
                     let unspent = Unspent {
                         tokens: reply.granted,
-                        since: reply.mark,
+                        since: reply.stamp,
                     };
                     self.give_back(compiled, local, unspent).await;
                 }

@@ -126,7 +126,7 @@ fn grant(tokens: u64) -> Reply {
         remaining: 990,
         retry_after_ms: 0,
         reset_after_ms: 0,
-        mark: 0,
+        stamp: 0,
     }
 }
 

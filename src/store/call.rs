@@ -45,8 +45,8 @@ pub(crate) enum Op {
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
-    /// retried after a connection dropped once the script ran does not add the tokens twice. `since`: the mark
-    /// of the oldest lease the tokens came from ([`crate::algorithm::Reply::mark`]), which caps what they add
+    /// retried after a connection dropped once the script ran does not add the tokens twice. `since`: the stamp
+    /// of the oldest lease the tokens came from ([`crate::algorithm::Reply::stamp`]), which caps what they add
     /// at the room the bucket had since (sent with an `id` only).
     TokenReturn {
         bucket: TokenBucket,

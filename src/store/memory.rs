@@ -295,7 +295,7 @@ impl MemoryStore {
                     remaining: 0,
                     retry_after_ms: 0,
                     reset_after_ms: 0,
-                    mark: 0,
+                    stamp: 0,
                 })
             }
         }

@@ -405,15 +405,15 @@ impl RedisStore {
 }
 
 /// A script's reply as the redis crate reads any value: the Lua protocol's four integers (docs/ARCHITECTURE.md,
-/// "The Lua protocol"), and a lease's mark after them; anything else a parsing error (a store error of kind
+/// "The Lua protocol"), and a lease's stamp after them; anything else a parsing error (a store error of kind
 /// `other`).
 impl redis::FromRedisValue for Reply {
     fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
         let values = Vec::<i64>::from_redis_value(v)?;
         match values[..] {
             [a, b, c, d] => Ok(Reply::from_wire([a, b, c, d], 0)),
-            [a, b, c, d, mark] => Ok(Reply::from_wire([a, b, c, d], mark)),
-            _ => Err(format!("a script reply of 4 integers and a mark, got {values:?}").into()),
+            [a, b, c, d, stamp] => Ok(Reply::from_wire([a, b, c, d], stamp)),
+            _ => Err(format!("a script reply of 4 integers and a stamp, got {values:?}").into()),
         }
     }
 }

@@ -43,7 +43,7 @@ fn keys_and_argv_follow_the_script_headers() {
     assert_eq!(
         once.args(),
         [10, 1, 1_000, 3, 0, -1].map(Arg::Int),
-        "a give-back holds nothing; no lease's mark"
+        "a give-back holds nothing; no lease's stamp"
     );
     let since = Call::give_back("tl:{r:k}", b, 3)
         .once("p.1-8")

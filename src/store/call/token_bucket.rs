@@ -70,13 +70,13 @@ impl Call {
         )
     }
 
-    /// This give-back (of [`Call::give_back`]) of tokens leased since `mark` (a lease's
-    /// [`crate::algorithm::Reply::mark`]): they add at most the room the bucket had since. Applies to a call
-    /// made [`Call::once`] (the script reads the mark after the hold); other calls are returned unchanged.
+    /// This give-back (of [`Call::give_back`]) of tokens leased since `stamp` (a lease's
+    /// [`crate::algorithm::Reply::stamp`]): they add at most the room the bucket had since. Applies to a call
+    /// made [`Call::once`] (the script reads the stamp after the hold); other calls are returned unchanged.
     #[must_use]
-    pub(crate) fn since(mut self, mark: u64) -> Self {
+    pub(crate) fn since(mut self, stamp: u64) -> Self {
         if let Op::TokenReturn { since, .. } = &mut self.op {
-            *since = Some(mark);
+            *since = Some(stamp);
         }
         self
     }

@@ -14,7 +14,7 @@ pub(super) fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_m
         remaining,
         retry_after_ms,
         reset_after_ms,
-        mark: 0,
+        stamp: 0,
     }
 }
 
@@ -58,7 +58,7 @@ impl EveryStore {
     }
 }
 
-/// Replays `steps` on `store`, asserting every reply (a lease's mark only where the step expects one: marks are
+/// Replays `steps` on `store`, asserting every reply (a lease's stamp only where the step expects one: stamps are
 /// compared between the stores by `mirror.rs`).
 pub(super) async fn replay(store: &dyn Store, name: &str, steps: &[Step]) {
     for (i, (what, call, expected)) in steps.iter().enumerate() {
@@ -66,8 +66,8 @@ pub(super) async fn replay(store: &dyn Store, name: &str, steps: &[Step]) {
             .run(call)
             .await
             .unwrap_or_else(|e| panic!("{name}, step {i} ({what}): {e}"));
-        if expected.mark == 0 {
-            got.mark = 0;
+        if expected.stamp == 0 {
+            got.stamp = 0;
         }
         assert_eq!(got, *expected, "{name}, step {i} ({what}): {call:?}");
     }

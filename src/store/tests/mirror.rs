@@ -27,8 +27,8 @@ fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
         .ignore()
         .query(con)
         .unwrap_or_else(|e| panic!("{call:?}: {e}"));
-    let mark = values.get(4).copied().unwrap_or(0);
-    Reply::from_wire(values[..4].try_into().expect("four integers"), mark)
+    let stamp = values.get(4).copied().unwrap_or(0);
+    Reply::from_wire(values[..4].try_into().expect("four integers"), stamp)
 }
 
 /// A pseudo-random sequence of takes, paced leases, acquires, returns and debits on a few keys, each call with parameters drawn
@@ -42,7 +42,7 @@ async fn redis_and_memory_agree_on_a_random_sequence_with_reloads() {
 }
 
 /// The same with each key's parameters fixed and calls closer together, so that the notes of room live long
-/// enough for give-backs that send a lease's mark to be capped by them.
+/// enough for give-backs that send a lease's stamp to be capped by them.
 #[tokio::test]
 async fn redis_and_memory_agree_on_what_give_backs_add_since_their_lease() {
     play(0x2545_f491_4f6c_dd1d, false, 300).await;
@@ -67,8 +67,8 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
         (10, 10, 1_000),
     ];
     let mut now = 1_700_000_000_000;
-    // The marks of the last leases granted, newest first.
-    let mut marks: Vec<u64> = Vec::new();
+    // The stamps of the last leases granted, newest first.
+    let mut stamps: Vec<u64> = Vec::new();
     let mut capped = 0;
     for i in 0..800 {
         let k = next(3);
@@ -82,10 +82,10 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
         let call = match next(7) {
             // Returns and debits alike: −10 to 9 tokens.
             0 => give(&key, params, i64::try_from(next(20)).expect("n") - 10, now),
-            // A give-back of a lease's tokens, capped by the room since its mark (one of the last leases', or
+            // A give-back of a lease's tokens, capped by the room since its stamp (one of the last leases', or
             // one from before the notes).
             6 => {
-                let since = marks.get(usize::try_from(next(4)).expect("idx")).copied().unwrap_or(1);
+                let since = stamps.get(usize::try_from(next(4)).expect("idx")).copied().unwrap_or(1);
                 Call::give_back(&key, bucket(params), i64::try_from(next(2 * cap)).expect("n"))
                     .once(format!("m.{i}"))
                     .since(since)
@@ -106,9 +106,9 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
         let a = run_persisting(&mut con, &call);
         let b = memory.run(&call).await.expect("memory");
         assert_eq!(a, b, "step {i}: {call:?}");
-        if a.mark > 0 {
-            marks.insert(0, a.mark);
-            marks.truncate(4);
+        if a.stamp > 0 {
+            stamps.insert(0, a.stamp);
+            stamps.truncate(4);
         }
         if let (
             Op::TokenReturn {

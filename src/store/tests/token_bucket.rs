@@ -428,7 +428,7 @@ pub(super) fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<Tok
             "pend_ts",
             "pend_end",
             "rooms_from",
-            "marks",
+            "stamps",
         ])
         .query(con)
         .expect("HMGET");
@@ -472,8 +472,8 @@ async fn replay_side_by_side(stores: &EveryStore, steps: &[Step]) {
                 .run(call)
                 .await
                 .unwrap_or_else(|e| panic!("{name}, step {i} ({what}): {e}"));
-            if expected.mark == 0 {
-                got.mark = 0; // a lease's mark: compared by the stored notes below and by mirror.rs
+            if expected.stamp == 0 {
+                got.stamp = 0; // a lease's stamp: compared by the stored notes below and by mirror.rs
             }
             assert_eq!(got, *expected, "{name}, step {i} ({what}): {call:?}");
         }
