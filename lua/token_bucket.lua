@@ -126,9 +126,10 @@ end
 -- could take up to the top just before the change, in the staircase `rooms` ("stamp:room,...", stamps and rooms
 -- increasing; a new step removes the earlier ones with as much room; beyond 16 steps the two neighbours whose
 -- rooms differ least merge into the later stamp with the lower room). A lease's grant starts the notes
--- (`rooms_from`, its stamp); any other change is noted only once they have started. Returns the stamp, 0 when
--- nothing is noted.
-local function note_room(key, room, lease, now)
+-- (`rooms_from`, its stamp); any other change is noted only once they have started. A give-back that added
+-- `added` tokens from the lease stamped `since` first lowers every room noted after that stamp by them (the level
+-- would have been that much higher there). Returns the stamp, 0 when nothing is noted.
+local function note_room(key, room, lease, now, since, added)
   local s = redis.call('HMGET', key, 'level', 'rooms_from', 'stamps', 'rooms')
   local from, last = tonumber(s[2]) or 0, tonumber(s[3]) or 0
   if not s[1] or (from == 0 and not lease) then return 0 end
@@ -136,7 +137,10 @@ local function note_room(key, room, lease, now)
   if now * 1000 > stamp then stamp = now * 1000 end
   if from == 0 then from = stamp end
   local steps = {}
-  for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do steps[#steps + 1] = { tonumber(m), tonumber(r) } end
+  for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do
+    steps[#steps + 1] = { tonumber(m), tonumber(r) }
+    if since and steps[#steps][1] > since then steps[#steps][2] = steps[#steps][2] - added end
+  end
   while #steps > 0 and steps[#steps][2] >= room do steps[#steps] = nil end
   if #steps == 16 then
     local i, least = 1, nil

@@ -132,9 +132,10 @@ end
 -- could take up to the top just before the change, in the staircase `rooms` ("stamp:room,...", stamps and rooms
 -- increasing; a new step removes the earlier ones with as much room; beyond 16 steps the two neighbours whose
 -- rooms differ least merge into the later stamp with the lower room). A lease's grant starts the notes
--- (`rooms_from`, its stamp); any other change is noted only once they have started. Returns the stamp, 0 when
--- nothing is noted.
-local function note_room(key, room, lease, now)
+-- (`rooms_from`, its stamp); any other change is noted only once they have started. A give-back that added
+-- `added` tokens from the lease stamped `since` first lowers every room noted after that stamp by them (the level
+-- would have been that much higher there). Returns the stamp, 0 when nothing is noted.
+local function note_room(key, room, lease, now, since, added)
   local s = redis.call('HMGET', key, 'level', 'rooms_from', 'stamps', 'rooms')
   local from, last = tonumber(s[2]) or 0, tonumber(s[3]) or 0
   if not s[1] or (from == 0 and not lease) then return 0 end
@@ -142,7 +143,10 @@ local function note_room(key, room, lease, now)
   if now * 1000 > stamp then stamp = now * 1000 end
   if from == 0 then from = stamp end
   local steps = {}
-  for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do steps[#steps + 1] = { tonumber(m), tonumber(r) } end
+  for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do
+    steps[#steps + 1] = { tonumber(m), tonumber(r) }
+    if since and steps[#steps][1] > since then steps[#steps][2] = steps[#steps][2] - added end
+  end
   while #steps > 0 and steps[#steps][2] >= room do steps[#steps] = nil end
   if #steps == 16 then
     local i, least = 1, nil
@@ -207,23 +211,14 @@ if n >= 0 then
   local before = idiv(level, per)
   if since >= 0 then
     -- At most the room now and the lowest noted after the lease's stamp (note_room); nothing when the notes do
-    -- not reach back to it. The tokens added lower every room noted after the stamp: the level would have been
-    -- that much higher there, so no other give-back fills the same room.
+    -- not reach back to it. note_room then lowers every room noted after the stamp by what was added, so no
+    -- other give-back fills the same room.
     local s = redis.call('HMGET', KEYS[1], 'rooms_from', 'rooms')
-    local from, steps = tonumber(s[1]) or 0, {}
+    local from = tonumber(s[1]) or 0
     if room < n then n = room end
     if from == 0 or since < from then n = 0 end
     for m, r in string.gmatch(s[2] or '', '(%d+):(%d+)') do
-      steps[#steps + 1] = { tonumber(m), tonumber(r) }
-      if steps[#steps][1] > since and steps[#steps][2] < n then n = steps[#steps][2] end
-    end
-    if from > 0 then
-      local f = {}
-      for i, step in ipairs(steps) do
-        if step[1] > since then step[2] = step[2] - n end
-        f[i] = int(step[1]) .. ':' .. int(step[2])
-      end
-      redis.call('HSET', KEYS[1], 'rooms', table.concat(f, ','))
+      if tonumber(m) > since and tonumber(r) < n then n = tonumber(r) end
     end
   end
   level = level + n * per
@@ -245,7 +240,10 @@ if hold_ms > 0 and accepted > 0 then
   if now + hold_ms > held then redis.call('HSET', KEYS[1], 'hold', int(now + hold_ms)) end
 end
 save_bucket(KEYS[1], level, ts, capacity, rate, per)
-note_room(KEYS[1], room, false, now)
+-- A give-back of a lease's tokens lowers the rooms noted since its stamp by the n tokens it added.
+local filled = nil
+if n >= 0 and since >= 0 then filled = since end
+note_room(KEYS[1], room, false, now, filled, n)
 if mark and n >= 0 then
   -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
   redis.call('SET', mark, int(accepted), 'PX', 10000)

@@ -380,7 +380,7 @@ impl TokenBucket {
         Some((self.unchanged(state, s), reply))
     }
 
-    /// Gives `tokens` back at `now_ms`, tokens of the lease marked `since` (the oldest lease they came from, a
+    /// Gives `tokens` back at `now_ms`, tokens of the lease stamped `since` (the oldest lease they came from, a
     /// [`Reply::stamp`]): at most the lowest room the level had at any change after that stamp
     /// ([`Rooms::lowest_since`]), so tokens the refill already replaced while they were out are not added twice;
     /// and never above the top (the capacity less what paced leases have yet to release). A missing (full)

@@ -375,7 +375,7 @@ impl Engine {
         }
     }
 
-    /// Gives `n` unused tokens back to the shared bucket, tokens of the lease marked `since` or later: the script
+    /// Gives `n` unused tokens back to the shared bucket, tokens of the lease stamped `since` or later: the script
     /// adds at most the room the bucket had since that lease (so what the refill replaced counts once), capped
     /// at its top.
     pub(crate) async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, unspent: Unspent) {
