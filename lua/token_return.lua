@@ -68,10 +68,12 @@ end
 -- The fourth is `pend`: tokens that paced leases were granted and have not released yet (token_lease.lua), an
 -- upper bound kept as `pend` tokens at `pend_ts` falling linearly to 0 at `pend_end` (ms). The level refills to at
 -- most capacity − pend: the level and the tokens still to be released never hold more than the capacity together.
+-- The fifth says whether the bucket keeps notes of room (note_room: a lease since it was last full or reloaded).
 local function load_bucket(key, capacity, rate, per, now)
-  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate', 'pend', 'pend_ts', 'pend_end')
+  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate', 'pend', 'pend_ts', 'pend_end',
+    'rooms_from')
   local level, ts = tonumber(s[1]), tonumber(s[2])
-  if level == nil or ts == nil then return nil, now, true, 0 end
+  if level == nil or ts == nil then return nil, now, true, 0, false end
   local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
   local was_rate = tonumber(s[5]) or rate
   if was_per < 1 then was_per = per end
@@ -86,12 +88,13 @@ local function load_bucket(key, capacity, rate, per, now)
   -- Rooms noted under other parameters mean nothing under these (note_room): a reload forgets them. Every caller
   -- that gets `same = false` saves the bucket.
   if not same then redis.call('HDEL', key, 'rooms_from', 'stamps', 'rooms') end
+  local noted = same and tonumber(s[9]) ~= nil
   local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
-  if pend <= 0 or now >= pend_end then return level, ts, same, 0 end
+  if pend <= 0 or now >= pend_end then return level, ts, same, 0, noted end
   local from = tonumber(s[7]) or now
   if now > from then pend = cdiv(pend * (pend_end - now), pend_end - from) end
   if level > (capacity - pend) * per then level = (capacity - pend) * per end
-  return level, ts, same, pend
+  return level, ts, same, pend, noted
 end
 -- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
 -- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
@@ -184,7 +187,7 @@ end
 
 local full = capacity * per
 local mark = KEYS[2]
-local level, ts, _, pend = load_bucket(KEYS[1], capacity, rate, per, now)
+local level, ts, _, pend, noted = load_bucket(KEYS[1], capacity, rate, per, now)
 local charged = mark and tonumber(redis.call('GET', mark))
 if level == nil then
   if n >= 0 then
@@ -243,7 +246,7 @@ save_bucket(KEYS[1], level, ts, capacity, rate, per)
 -- A give-back of a lease's tokens lowers the rooms noted since its stamp by the n tokens it added.
 local filled = nil
 if n >= 0 and since >= 0 then filled = since end
-note_room(KEYS[1], room, false, now, filled, n)
+if noted then note_room(KEYS[1], room, false, now, filled, n) end
 if mark and n >= 0 then
   -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
   redis.call('SET', mark, int(accepted), 'PX', 10000)
