@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::schedule::Schedule;
+use super::schedule::{Chunk, Schedule};
 use super::shards::Counts;
 #[cfg(doc)]
 use crate::algorithm::Reply;
@@ -17,23 +17,42 @@ pub(crate) struct Unspent {
     pub(crate) since: u64,
 }
 
-/// A batch of tokens and the time by which they must be spent.
+impl Unspent {
+    /// The tokens of `chunks`, with the oldest of their stamps.
+    pub(super) fn of(chunks: &[Chunk]) -> Self {
+        (chunks.iter()).fold(Self::default(), |unspent, c| unspent.and(c.tokens, c.stamp))
+    }
+
+    /// These tokens and `tokens` more of the lease stamped `stamp`: the older stamp of the two, where each has
+    /// tokens.
+    #[must_use]
+    pub(crate) fn and(self, tokens: u64, stamp: u64) -> Self {
+        match (self.tokens, tokens) {
+            (_, 0) => self,
+            (0, _) => Self { tokens, since: stamp },
+            _ => Self {
+                tokens: self.tokens.saturating_add(tokens),
+                since: self.since.min(stamp),
+            },
+        }
+    }
+}
+
+/// A batch of tokens, the time by which they must be spent, and the lease they came from.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Batch {
     /// Tokens of this batch still attributed to it.
     pub(super) tokens: u64,
     /// Monotonic ns after which its tokens go back.
     pub(super) deadline_ns: u64,
+    /// The stamp of the lease that granted it ([`Reply::stamp`]): its tokens given back send it.
+    pub(super) stamp: u64,
 }
 
 #[derive(Debug)]
 pub(super) struct Book {
     /// Live batches, oldest first.
     pub(super) batches: VecDeque<Batch>,
-    /// `(until_ns, stamp)` of each lease whose tokens may still be here, oldest first: until its last chunk's
-    /// deadline, and its stamp in the shared bucket's notes ([`Reply::stamp`]). A give-back sends the oldest
-    /// stamp ([`Self::oldest_stamp`]): the tokens it gives back came from that lease or a later one.
-    pub(super) stamps: VecDeque<(u64, u64)>,
     /// The chunks of a paced lease still to be released.
     pub(super) schedule: Schedule,
     /// The adaptive batch size, in tokens.
@@ -41,6 +60,8 @@ pub(super) struct Book {
     /// The shared bucket is saturated: the last lease was handed a turn (`token_lease.lua`) or left less than a
     /// batch behind.
     pub(super) saturated: bool,
+    /// Monotonic ns of the turn the shared bucket handed with the last grant: no lease before it (0: none).
+    pub(super) turn_at_ns: u64,
     /// When the last lease was sent, and the decisions counted by then.
     pub(super) last_lease_ns: u64,
     pub(super) decisions_at_lease: u64,
@@ -51,14 +72,4 @@ pub(super) struct Book {
     /// When the sweeper last measured the key's heat, and the decisions counted by then.
     pub(super) heat_at_ns: u64,
     pub(super) decisions_at_heat: u64,
-}
-
-impl Book {
-    /// The stamp of the oldest lease whose tokens may still be here; then forgets the leases whose last deadline
-    /// has passed by `now_ns` (their tokens are given back with this stamp). 0 when none.
-    pub(super) fn oldest_stamp(&mut self, now_ns: u64) -> u64 {
-        let oldest = self.stamps.front().map_or(0, |(_, stamp)| *stamp);
-        self.stamps.retain(|(until_ns, _)| *until_ns > now_ns);
-        oldest
-    }
 }

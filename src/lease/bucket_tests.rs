@@ -1,5 +1,7 @@
 //! Unit tests of `bucket.rs`: the local bucket's hot path, leases, turns and expiry.
+use super::plan::smoothed;
 use super::*;
+use crate::algorithm::Pace;
 use crate::lease::schedule::tests::shipped;
 
 fn lease() -> Lease {
@@ -76,6 +78,18 @@ fn slow_saturated() -> LocalBucket {
     b
 }
 
+/// [`slow_saturated`] with a paced grant of 35 tokens (`grant`'s other fields as given) added to it: the lease
+/// sent at 100 ms when the store had failed `failures` calls, its reply 1 ms later. The first chunk (10) is
+/// spendable; 10 are released at 200 ms, 10 at 300 ms and 5 at 400 ms. Returns it with the lease's plan.
+fn paced_35(reply: Reply, failures: u64) -> (LocalBucket, LeasePlan) {
+    let b = slow_saturated();
+    let sent = 100 * MS;
+    let plan = b.plan(2, 1, sent);
+    let granted = Reply { granted: 35, ..reply };
+    assert!(b.add(&granted, (sent, failures), plan, sent + MS));
+    (b, plan)
+}
+
 #[test]
 fn a_slow_process_on_a_saturated_bucket_leases_a_paced_turn() {
     let b = slow_saturated();
@@ -133,17 +147,15 @@ fn no_decision_in_half_a_ttl_reads_as_a_slow_demand_not_an_unknown_one() {
 
 #[test]
 fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
-    let b = slow_saturated();
+    let (b, plan) = paced_35(grant(35), 0);
     let sent = 100 * MS;
-    let plan = b.plan(2, 1, sent);
-    assert!(b.add(&grant(35), (sent, 0), plan, sent + MS));
     // The first chunk at once; the next at 200 ms, 300 ms and (the last 5) 400 ms.
     assert_eq!((b.available(), b.scheduled()), (10, 25));
     for t in 0..10 {
         assert!(matches!(b.try_take(1, sent + (2 + t) * MS), Take::Taken { .. }));
     }
-    // Spent: refused until the next chunk (not until the last, nor a lease before it).
-    assert_eq!(b.try_take(1, 150 * MS), Take::Exhausted { retry_ns: 50 * MS });
+    // Spent: no lease before the last chunk, but the next one may come early (`release_early`).
+    assert_eq!(b.try_take(1, 150 * MS), Take::Empty);
     assert!(!b.below_watermark(0, 150 * MS), "no lease while chunks are to come");
     assert!(!b.has_expired(200 * MS - 1));
     assert!(b.has_expired(200 * MS));
@@ -155,6 +167,49 @@ fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     assert!(b.add(&grant(30), (400 * MS, 0), plan, 401 * MS));
     // Drained: what is left and what was still to come go back.
     assert_eq!(b.drain().tokens, 15 + 30);
+}
+
+#[test]
+fn a_demand_that_outruns_the_pace_takes_the_chunks_early_then_waits_for_its_turn() {
+    let handed_a_turn = Reply {
+        retry_after_ms: 500,
+        ..grant(35)
+    };
+    let (b, _) = paced_35(handed_a_turn, 0);
+    let sent = 100 * MS;
+    assert_eq!(b.try_take(10, sent + 2 * MS), Take::Taken { remaining: 0 });
+    // A burst at 120 ms: the chunks due at 200, 300 and 400 ms come now, each spent within the TTL from now.
+    let now = 120 * MS;
+    for (chunk, left) in [(10, 15), (10, 5), (5, 0)] {
+        assert_eq!(b.try_take(1, now), Take::Empty);
+        assert!(b.release_early(chunk, (now, 0), true));
+        assert_eq!(b.scheduled(), left);
+        assert_eq!(b.try_take(chunk, now), Take::Taken { remaining: 0 });
+    }
+    // All out: refused until the turn the bucket handed (101 ms + 500 ms), not the last chunk's time.
+    assert!(!b.release_early(1, (now, 0), true));
+    assert_eq!(b.expire(now + 200 * MS, 0).tokens, 0);
+    assert_eq!(b.try_take(1, now + 200 * MS), Take::Exhausted { retry_ns: 281 * MS });
+    assert_eq!(b.try_take(1, 601 * MS), Take::Empty);
+}
+
+#[test]
+fn in_a_fleet_a_key_whose_chunks_came_early_leases_after_the_last_ones_time() {
+    let (b, _) = paced_35(grant(35), 0);
+    assert_eq!(b.try_take(10, 102 * MS), Take::Taken { remaining: 0 });
+    while b.release_early(5, (120 * MS, 0), false) {
+        assert!(matches!(b.try_take(5, 120 * MS), Take::Taken { .. }));
+    }
+    // The shared bucket counts the chunks pending until 400 ms: a second paced lease would merge with them.
+    assert_eq!(b.try_take(1, 120 * MS), Take::Exhausted { retry_ns: 280 * MS });
+}
+
+#[test]
+fn no_chunk_comes_early_once_the_store_failed_since_its_lease() {
+    let (b, _) = paced_35(grant(35), 3);
+    assert!(!b.release_early(1, (120 * MS, 4), false));
+    assert_eq!(b.scheduled(), 25, "left for expire to drop and give back");
+    assert!(b.release_early(1, (120 * MS, 3), false));
 }
 
 #[test]
@@ -185,11 +240,8 @@ fn a_first_lease_on_a_spent_bucket_waits_half_a_ttl_in_a_large_fleet_only() {
 
 #[test]
 fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
-    let b = slow_saturated();
-    let sent = 100 * MS;
-    let plan = b.plan(2, 1, sent);
     // Sent when the store had failed 3 calls.
-    assert!(b.add(&grant(35), (sent, 3), plan, sent + MS));
+    let (b, _) = paced_35(grant(35), 3);
     assert_eq!(b.expire(150 * MS, 3).tokens, 0, "no failure since: nothing dropped");
     assert_eq!(b.scheduled(), 25);
     // A call failed since: the fleet may be selling from its local shares, which do not know these chunks.

@@ -236,6 +236,15 @@ impl Engine {
             if let Some(decision) = self.answer_locally(compiled, &local, cost, now).map(Answer::decision) {
                 return Some((decision, true));
             }
+            let alone = self.fallback.processes(&compiled.rule.name) == 1;
+            if local.release_early(cost, (now, self.store.failures()), alone) {
+                continue;
+            }
+            if local.scheduled() > 0 {
+                // Chunks of a lease sent before the store failed: dropped and given back, the caller refused.
+                self.expire(compiled, &local, now);
+                continue;
+            }
             if local.is_failing(now) {
                 return Some((self.fall_back(compiled, bucket, &local, cost), false));
             }
@@ -386,7 +395,8 @@ impl Engine {
             .once(self.members.next())
             .since(since);
         match self.store.run(&call).await {
-            Ok(_) => {
+            Ok(reply) => {
+                tracing::trace!(key = %local.store_key, n, since, ?reply, "give-back");
                 compiled.metrics.returned_tokens.increment(n);
                 self.returned_tokens.fetch_add(n, Ordering::Relaxed);
             }

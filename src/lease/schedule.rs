@@ -46,18 +46,21 @@ pub(crate) struct Chunk {
     /// Monotonic ns at which the chunk is released: from then on its tokens may be spent, until a TTL later.
     pub(crate) at_ns: u64,
     pub(crate) tokens: u64,
+    /// The stamp of the lease that granted it ([`crate::algorithm::Reply::stamp`]).
+    pub(crate) stamp: u64,
 }
 
 impl Schedule {
-    /// Splits a grant of `granted` tokens, leased at `sent_ns`, by `pace` into chunks: `chunk` tokens each (the
-    /// last one the rest), the i-th released at `sent_ns + i × chunk_ms`. Returns the first chunk (released
-    /// at `sent_ns`, what is spendable at once) and schedules the others. A grant that is not paced, or fits in
-    /// one chunk, is one chunk.
-    pub(crate) fn split(&mut self, granted: u64, pace: Pace, (sent_ns, failures): (u64, u64)) -> Chunk {
+    /// Splits a grant of `granted` tokens stamped `stamp`, leased at `sent_ns`, by `pace` into chunks: `chunk`
+    /// tokens each (the last one the rest), the i-th released at `sent_ns + i × chunk_ms`. Returns the first chunk
+    /// (released at `sent_ns`, what is spendable at once) and schedules the others. A grant that is not paced, or
+    /// fits in one chunk, is one chunk.
+    pub(crate) fn split(&mut self, (granted, stamp): (u64, u64), pace: Pace, (sent_ns, failures): (u64, u64)) -> Chunk {
         self.failures = failures;
         let first = Chunk {
             at_ns: sent_ns,
             tokens: granted,
+            stamp,
         };
         if pace.span_ms(granted).is_none() {
             return first;
@@ -68,7 +71,7 @@ impl Schedule {
         while left > 0 {
             at_ns = at_ns.saturating_add(step_ns);
             let tokens = left.min(pace.chunk);
-            self.chunks.push_back(Chunk { at_ns, tokens });
+            self.chunks.push_back(Chunk { at_ns, tokens, stamp });
             left -= tokens;
         }
         Chunk {
@@ -78,12 +81,12 @@ impl Schedule {
     }
 
     /// Drops the chunks not released yet when the store failed since their lease was sent (`failures`, the
-    /// store's failure count now, above the one then) and returns their tokens, to be given back; 0 otherwise.
-    pub(crate) fn since(&mut self, failures: u64) -> u64 {
+    /// store's failure count now, above the one then) and returns them, to be given back; none otherwise.
+    pub(crate) fn since(&mut self, failures: u64) -> Vec<Chunk> {
         if failures > self.failures {
             self.clear()
         } else {
-            0
+            Vec::new()
         }
     }
 
@@ -91,6 +94,21 @@ impl Schedule {
     pub(crate) fn due(&mut self, now_ns: u64) -> Vec<Chunk> {
         let n = self.chunks.iter().take_while(|c| c.at_ns <= now_ns).count();
         self.chunks.drain(..n).collect()
+    }
+
+    /// Takes up to `tokens` of the next chunk, however far its release (the rest stays scheduled); `None` when
+    /// none is scheduled or the store failed since their lease was sent (`failures` above the count then:
+    /// [`Self::since`] drops them).
+    pub(crate) fn take_early(&mut self, tokens: u64, failures: u64) -> Option<Chunk> {
+        if failures > self.failures {
+            return None;
+        }
+        let next = self.chunks.front_mut()?;
+        if next.tokens > tokens {
+            next.tokens -= tokens;
+            return Some(Chunk { tokens, ..*next });
+        }
+        self.chunks.pop_front()
     }
 
     /// When the next chunk is released; `None` when none is scheduled.
@@ -108,11 +126,9 @@ impl Schedule {
         self.chunks.iter().map(|c| c.tokens).sum()
     }
 
-    /// Drops every chunk (the bucket is drained) and returns their tokens, to be given back.
-    pub(crate) fn clear(&mut self) -> u64 {
-        let tokens = self.tokens();
-        self.chunks.clear();
-        tokens
+    /// Drops every chunk (the bucket is drained) and returns them, to be given back.
+    pub(crate) fn clear(&mut self) -> Vec<Chunk> {
+        self.chunks.drain(..).collect()
     }
 }
 
@@ -124,7 +140,8 @@ impl Schedule {
 /// time the refill takes to make half the burst ([`span_chunks`]): the bucket keeps what paced leases have yet
 /// to release as *pending*, one line that over-counts (`lua/token_lease.lua`), and the level refills to at most
 /// `capacity − pending`, so a longer span would let the pending line hold the refill back (the cause of the
-/// undersell of fleets of 64 to 1000 processes before 2026-11-27: the line stood at the capacity).
+/// undersell of fleets of 64 to 1000 processes before 2026-11-27: the line stood at the capacity). Where not
+/// even two chunks fit in that span, the grant is not paced.
 /// The turn is then the bucket's refill in a TTL (`rate × ttl`) or what fits in that span, whichever is less.
 ///
 /// At 100 decisions a second (a fleet of 1000 sharing 10^5) and the shipped rule, a turn brings 100 tokens in
@@ -153,7 +170,13 @@ pub(crate) fn paced_turn(
     if chunk_ms > half_ttl_ms.saturating_mul(2) {
         return None;
     }
-    let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(span_chunks(bucket, chunk_ms)));
+    // Two chunks that span more than the refill of half the burst would hold back the refill as soon as a few
+    // processes are pending at once (a bucket of 101 refilled 889 a second, 16 processes: 60 % sold).
+    let chunks = span_chunks(bucket, chunk_ms);
+    if chunks < 2 {
+        return None;
+    }
+    let turn = paced_size((bucket, lease)).min(chunk.saturating_mul(chunks));
     if turn <= spendable || turn <= chunk {
         return None;
     }
@@ -169,12 +192,13 @@ pub(crate) fn paced_turn(
 const MAX_CHUNKS: u64 = 20;
 
 /// The most chunks, one every `chunk_ms`, a paced grant is released in: as many as fit in the time the refill
-/// takes to make half the burst (at least 2, at most [`MAX_CHUNKS`]). 10 with the shipped rule (1 s).
+/// takes to make half the burst, at most [`MAX_CHUNKS`] (under 2, a grant is not paced: [`paced_turn`]). 10 with
+/// the shipped rule (1 s).
 pub(crate) fn span_chunks(bucket: &TokenBucket, chunk_ms: u64) -> u64 {
     let half_burst_ms = u128::from(bucket.capacity) * u128::from(bucket.per_ms) / u128::from(bucket.rate.max(1)) / 2;
     u64::try_from(half_burst_ms / u128::from(chunk_ms.max(1)))
         .unwrap_or(u64::MAX)
-        .clamp(2, MAX_CHUNKS)
+        .min(MAX_CHUNKS)
 }
 
 /// What a paced turn brings: the bucket's refill in one lease TTL (`rate × ttl`, tokens), within the batch bounds.
@@ -186,13 +210,14 @@ pub(crate) fn paced_size((bucket, lease): (&TokenBucket, &Lease)) -> u64 {
 }
 
 /// Whether `processes` form a large fleet for this key: their first turns, spaced as `token_lease.lua` spaces
-/// leases of `min_batch`, would take longer than half a TTL to go round. A large fleet's first leases wait to
+/// leases of `min_batch`, would take longer than half a TTL to go round (the last comes `processes − 1`
+/// spacings after the first: a process alone is never a large fleet). A large fleet's first leases wait to
 /// measure the demand ([`super::bucket::LocalBucket::first_lease_wait`]); a small one's go round within that wait
 /// anyway.
 pub(crate) fn large_fleet((bucket, lease): (&TokenBucket, &Lease), processes: u64) -> bool {
     let half_ttl_ns = lease.ttl.as_nanos() / 2;
     let guessed_turn_ns = u128::from(bucket.turn_spacing(lease.min_batch)) * 1_000_000;
-    guessed_turn_ns * u128::from(processes) > half_ttl_ns
+    guessed_turn_ns * u128::from(processes.saturating_sub(1)) > half_ttl_ns
 }
 
 #[cfg(test)]
@@ -224,12 +249,13 @@ pub(crate) mod tests {
             chunk: 20,
             chunk_ms: 100,
         };
-        let first = s.split(70, pace, (1_000 * MS, 0));
+        let first = s.split((70, 9), pace, (1_000 * MS, 0));
         assert_eq!(
             first,
             Chunk {
                 at_ns: 1_000 * MS,
-                tokens: 20
+                tokens: 20,
+                stamp: 9
             }
         );
         assert_eq!(
@@ -242,17 +268,24 @@ pub(crate) mod tests {
             vec![
                 Chunk {
                     at_ns: 1_100 * MS,
-                    tokens: 20
+                    tokens: 20,
+                    stamp: 9
                 },
                 Chunk {
                     at_ns: 1_200 * MS,
-                    tokens: 20
+                    tokens: 20,
+                    stamp: 9
                 }
             ]
         );
-        assert_eq!(s.since(0), 0, "no failure since the lease was sent");
+        assert_eq!(s.since(0), vec![], "no failure since the lease was sent");
         assert_eq!(s.tokens(), 10);
-        assert_eq!(s.since(1), 10, "a failure since: what is left goes back");
+        let left = Chunk {
+            at_ns: 1_300 * MS,
+            tokens: 10,
+            stamp: 9,
+        };
+        assert_eq!(s.since(1), vec![left], "a failure since: what is left goes back");
         assert_eq!(s.next_ns(), None);
     }
 
@@ -283,6 +316,32 @@ pub(crate) mod tests {
         assert_eq!(paced(true, (2_500, 1), 450), None);
     }
 
+    /// Healthy seed 87: a bucket of 101 refilled 889 a second, 16 processes deciding 61 times a second each.
+    /// Chunks of 9 every 147 ms: two of them span more than the 56 ms the refill takes to make half the burst, so
+    /// a dozen processes pending at once would hold the level at 0 (60 % sold). Not paced.
+    #[test]
+    fn no_pace_where_two_chunks_outlast_the_refill_of_half_the_burst() {
+        let bucket = TokenBucket {
+            capacity: 101,
+            rate: 889,
+            per_ms: 1_000,
+        };
+        let lease = Lease {
+            min_batch: 6,
+            max_batch: 98,
+            ttl: std::time::Duration::from_millis(300),
+            hot_after: None,
+        };
+        assert_eq!(span_chunks(&bucket, 147), 0);
+        assert_eq!(paced_turn((&bucket, &lease), true, (61, 1), 16), None);
+        // Ten times the capacity: ten chunks fit, and the same demand is paced.
+        let larger = TokenBucket {
+            capacity: 1_010,
+            ..bucket
+        };
+        assert!(paced_turn((&larger, &lease), true, (61, 1), 16).is_some());
+    }
+
     #[test]
     fn a_grant_that_is_not_paced_is_one_chunk() {
         let mut s = Schedule::default();
@@ -297,10 +356,11 @@ pub(crate) mod tests {
             ),
         ] {
             assert_eq!(
-                s.split(granted, pace, (5, 0)),
+                s.split((granted, 3), pace, (5, 0)),
                 Chunk {
                     at_ns: 5,
-                    tokens: granted
+                    tokens: granted,
+                    stamp: 3
                 }
             );
             assert_eq!(s.tokens(), 0);

@@ -1,0 +1,128 @@
+//! How a [`LocalBucket`] plans its next lease ([`LocalBucket::plan`]): the batch from the demand since the last
+//! lease, the turn it should bring, and whether it is paced. A child of `bucket.rs`, which it reads the private
+//! fields of.
+
+use std::sync::atomic::Ordering;
+
+use super::{Book, LocalBucket};
+use crate::algorithm::Pace;
+use crate::clock::nanos;
+use crate::lease::schedule::{paced_turn, LeasePlan};
+
+impl LocalBucket {
+    /// Plans the next lease: sizes the batch from the demand since the last lease (decisions per second,
+    /// refusals included, so a saturated key keeps its size) to last half the lease TTL, and asks for the whole
+    /// batch as `min` when the shared bucket is saturated.
+    ///
+    /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
+    /// processes; once it is, the processes take the turns the bucket hands out (`token_lease.lua`) and a batch
+    /// may reach `max_batch`. Never more than the demand spends within 0.9 × the TTL (the rest would go back
+    /// unspent, a give-back per lease). `cost` is what the caller needs.
+    pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
+        let lease = &self.lease;
+        let mut book = self.lock();
+        let decisions = self.tokens.counts().total();
+        let decided = decisions.saturating_sub(book.decisions_at_lease);
+        let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
+        // Decisions per ttl/2 at the observed demand: a batch should be spent well within its TTL.
+        let horizon_ns = (nanos(lease.ttl) / 2).max(1);
+        // The asking caller is a decision: none counted in half a TTL reads as a slow demand, not an unknown one.
+        let decided = if elapsed_ns >= horizon_ns {
+            decided.max(1)
+        } else {
+            decided
+        };
+        book.demand_per_s = smoothed(book.demand_per_s, (decided, elapsed_ns), nanos(lease.ttl));
+        let observed =
+            u64::try_from(u128::from(book.demand_per_s) * u128::from(horizon_ns) / 1_000_000_000).unwrap_or(u64::MAX);
+        let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
+        if self.starved.swap(false, Ordering::Relaxed) {
+            batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
+        }
+        // What the demand spends within 0.9 × the TTL (no cap before a demand is seen).
+        let spendable = match book.demand_per_s {
+            0 => u64::MAX,
+            d => u64::try_from(u128::from(d) * u128::from(nanos(lease.ttl)) * 9 / 10_000_000_000).unwrap_or(u64::MAX),
+        };
+        // What a turn on the saturated bucket should bring: what the demand spends in the TTL (fewer turns than
+        // batches sized for half of it), the batch before a demand is seen. It spaces the turns the bucket hands
+        // out, from the first lease on: spaced by a fair share of the burst, they would each bring a few tokens.
+        let turn = if spendable < u64::MAX {
+            spendable.clamp(lease.min_batch, lease.max_batch)
+        } else {
+            batch
+        };
+        // Paced instead when a turn would bring more as chunks: the turn is then what the demand spends while the
+        // burst refills, and nothing is left unspent within a chunk's TTL.
+        let paced = paced_turn(
+            (&self.bucket, lease),
+            book.saturated,
+            (book.demand_per_s, cost),
+            spendable,
+        );
+        if let Some((pace, turn)) = paced {
+            // A paced grant is at most a turn: its chunks span no longer than the refill of half the burst
+            // (`span_chunks`), or the bucket's pending line would hold back its refill.
+            let turn = turn.max(cost);
+            self.planned(&mut book, turn, (decisions, now_ns));
+            return LeasePlan {
+                min: cost,
+                max: turn,
+                batch: turn,
+                turn,
+                pace,
+            };
+        }
+        if book.saturated {
+            batch = batch.max(turn);
+        } else {
+            batch = batch.min(fair_share.max(1));
+        }
+        let batch = batch.min(spendable.max(lease.min_batch)).max(cost);
+        self.planned(&mut book, batch, (decisions, now_ns));
+        // Saturated: the calls are spaced by the bucket's turns, and each takes what accumulated, however little
+        // (a refusal would cost the same call and admit nothing), up to two batches (within what the demand
+        // spends in the TTL), so that a turn that comes late loses little.
+        let max = if book.saturated {
+            batch
+                .saturating_mul(2)
+                .min(self.bucket.capacity)
+                .min(spendable)
+                .max(batch)
+        } else {
+            batch
+        };
+        LeasePlan {
+            min: cost,
+            max,
+            batch,
+            turn: turn.max(batch),
+            pace: Pace::default(),
+        }
+    }
+
+    /// Records a lease planned at `now_ns` for `batch` tokens, `decisions` having been counted by then.
+    fn planned(&self, book: &mut Book, batch: u64, (decisions, now_ns): (u64, u64)) {
+        book.batch = batch;
+        book.last_lease_ns = now_ns;
+        book.decisions_at_lease = decisions;
+        self.last_used_ns.store(now_ns, Ordering::Relaxed);
+        self.low_watermark.store(batch / 4, Ordering::Relaxed);
+    }
+}
+
+/// The demand in decisions a second after `decided` decisions in the last `elapsed_ns`, `before` the estimate
+/// until then: a moving average over about one `window_ns` (the lease TTL), weighted by time, so that two leases
+/// sent close together (a lease of few decisions) do not read a slow key as idle, nor a burst as its rate.
+pub(super) fn smoothed(before: u64, (decided, elapsed_ns): (u64, u64), window_ns: u64) -> u64 {
+    let elapsed_ns = elapsed_ns.max(1);
+    let now = u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns);
+    let window_ns = window_ns.max(1);
+    let mixed = if before == 0 || elapsed_ns >= window_ns {
+        now
+    } else {
+        let old = u128::from(window_ns - elapsed_ns);
+        (u128::from(before) * old + now * u128::from(elapsed_ns)) / u128::from(window_ns)
+    };
+    u64::try_from(mixed).unwrap_or(u64::MAX)
+}
