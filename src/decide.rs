@@ -17,7 +17,7 @@ use crate::decision::{Decision, Source};
 use crate::error::{Error, FailReason};
 use crate::fallback::Unsettled;
 use crate::lease::bucket::LocalBucket;
-use crate::lease::engine::{unleased, Engine};
+use crate::lease::engine::{unleased, Answer, Engine};
 use crate::lease::nearby;
 use crate::rule::{self, Algorithm};
 use crate::store::call::{store_key, Call};
@@ -46,6 +46,27 @@ impl Engine {
         Ok(self.answer_refused(compiled, key, cost))
     }
 
+    /// The hot path of [`Engine::decide_now`] in plain integers: the answer of `key`'s leased tokens (a shadow
+    /// rule's refusal turned into an allowance, as [`Compiled::shadowed`]), `None` when anything else decides
+    /// the call, an invalid one or a shut-down limiter's included ([`Engine::decide_now`] says which). Plain
+    /// integers, because a `Decision` returned through a closure is copied in 16-byte moves that stall on the
+    /// field-by-field stores that wrote it (`limiter/last_rule.rs`).
+    #[inline(always)]
+    pub(crate) fn answer_now(self: &Arc<Self>, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Option<Answer> {
+        if !compiled.leased || cost == 0 || self.background.is_closed() || self.validate(compiled, key, cost).is_err() {
+            return None;
+        }
+        let now = self.recent.now_ns();
+        let answer = nearby::with(compiled.generation, key, |local| {
+            self.answer_live(compiled, local, cost, now)
+        })??;
+        Some(if compiled.rule.shadow {
+            answer.shadowed()
+        } else {
+            answer
+        })
+    }
+
     /// The refusal this process remembers for `key` (invariant 4, `refusals.rs`): the store refused it lately
     /// and its `retry_after` has not passed. A key with a local bucket is left to it.
     #[inline]
@@ -60,6 +81,21 @@ impl Engine {
         Some(compiled.record(refused))
     }
 
+    /// The answer of `local`'s leased tokens at `now` (ns), `None` when its batch expired or its tokens ran out.
+    #[inline(always)]
+    fn answer_live(
+        self: &Arc<Self>,
+        compiled: &Arc<Compiled>,
+        local: &Arc<LocalBucket>,
+        cost: u64,
+        now: u64,
+    ) -> Option<Answer> {
+        if local.has_expired(now) {
+            return None;
+        }
+        self.answer_locally(compiled, local, cost, now)
+    }
+
     /// The hot path of a valid check: the key's leased tokens or its cached refusal, `None` when the key has no
     /// local bucket, its batch expired, or its tokens ran out.
     #[inline(always)]
@@ -68,12 +104,7 @@ impl Engine {
             return None;
         }
         let now = self.recent.now_ns();
-        let decide = |local: &Arc<LocalBucket>| {
-            if local.has_expired(now) {
-                return None;
-            }
-            self.answer_locally(compiled, local, cost, now)
-        };
+        let decide = |local: &Arc<LocalBucket>| self.answer_live(compiled, local, cost, now);
         // This thread's cache first: the map's shard lock is a line every deciding thread writes.
         let rule = compiled.generation;
         let answer = match nearby::with(rule, key, decide) {

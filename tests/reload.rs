@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokenlease::{Config, Error, FakeClock, Limiter};
+use tokenlease::{Config, Error, FakeClock, Limiter, Rule};
 
 const BEFORE: &str = r#"
 [[rule]]
@@ -208,4 +208,27 @@ async fn a_reload_raising_the_rate_on_redis_does_not_admit_a_burst() {
         start.elapsed()
     );
     limiter.shutdown().await;
+}
+
+/// Two limiters on one thread, each with a rule named "post" of its own limit: a decision by name is the named
+/// rule of the limiter asked, whatever rule of that name the thread decided last (`src/limiter/last_rule.rs`).
+#[tokio::test(flavor = "current_thread")]
+async fn two_limiters_with_a_rule_of_one_name_decide_each_by_its_own() {
+    let post = |limit| Rule::fixed_window("post", limit, Duration::from_secs(60)).expect("rule");
+    let one = Limiter::builder().rule(post(1)).build().expect("limiter");
+    let five = Limiter::builder().rule(post(5)).build().expect("limiter");
+    let mut allowed = (0, 0);
+    for _ in 0..5 {
+        allowed.0 += u32::from(one.check("post", "u", 1).await.expect("check").allowed);
+        allowed.1 += u32::from(five.check("post", "u", 1).await.expect("check").allowed);
+    }
+    assert_eq!(allowed, (1, 5));
+    drop(one);
+    // A limiter built after one was dropped is not answered from the dropped one's rule.
+    let two = Limiter::builder().rule(post(2)).build().expect("limiter");
+    let mut allowed = 0;
+    for _ in 0..5 {
+        allowed += u32::from(two.check("post", "u", 1).await.expect("check").allowed);
+    }
+    assert_eq!(allowed, 2);
 }

@@ -52,9 +52,25 @@ pub(crate) struct Answer {
     /// ns; [`crate::clock::NEVER_NS`]: never.
     retry_ns: u64,
     reset_ns: u64,
+    /// A shadow rule's refusal, allowed ([`Compiled::shadowed`]).
+    shadowed: bool,
 }
 
 impl Answer {
+    /// A shadow rule's answer: a refusal becomes an allowance, `shadowed` ([`Compiled::shadowed`]).
+    #[must_use]
+    pub(crate) fn shadowed(self) -> Self {
+        if self.allowed {
+            return self;
+        }
+        Self {
+            allowed: true,
+            retry_ns: 0,
+            shadowed: true,
+            ..self
+        }
+    }
+
     /// The decision (`source = local`).
     #[inline(always)]
     pub(crate) fn decision(self) -> Decision {
@@ -65,7 +81,7 @@ impl Answer {
             retry_after,
             reset_after: Duration::from_nanos(self.reset_ns),
             source: Source::Local,
-            shadowed: false,
+            shadowed: self.shadowed,
         }
     }
 }
@@ -124,6 +140,7 @@ impl Engine {
                     remaining,
                     retry_ns: 0,
                     reset_ns,
+                    shadowed: false,
                 })
             }
             Take::Exhausted { retry_ns } => Some(Answer {
@@ -131,6 +148,7 @@ impl Engine {
                 remaining: 0,
                 retry_ns,
                 reset_ns,
+                shadowed: false,
             }),
             Take::Empty => None,
         }

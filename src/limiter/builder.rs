@@ -179,6 +179,7 @@ impl LimiterBuilder {
             refusals,
         });
         let inner = Arc::new(Inner {
+            id: super::last_rule::next_limiter(),
             rules: ArcSwap::from_pointee(rules),
             adhoc: DashMap::default(),
             default_fail_mode: self.fail_mode,

@@ -26,6 +26,7 @@ pub(crate) mod builder;
 pub(crate) mod handle;
 pub(crate) mod health;
 mod inspect;
+mod last_rule;
 mod lifecycle;
 mod reload;
 
@@ -63,6 +64,8 @@ pub struct LimiterStats {
 
 #[derive(Debug)]
 struct Inner {
+    /// This limiter's number, unique for the life of the process (`last_rule.rs`).
+    id: u64,
     rules: ArcSwap<RuleMap>,
     /// Rules built in code and passed to [`Limiter::check_rule`], compiled once.
     adhoc: DashMap<Rule, Arc<Compiled>, foldhash::fast::RandomState>,
@@ -109,11 +112,19 @@ impl Limiter {
     /// [`Limiter::shutdown`].
     pub async fn check(&self, rule: &str, key: &str, cost: u64) -> Result<Decision, Error> {
         let engine = &self.inner.engine;
-        // The hot path borrows the rule and the key's local bucket: no reference count is touched, so threads
-        // deciding on one hot key share only the map shard's read lock (the tokens are in per-core shards).
+        // The hot path borrows the rule (from this thread's cache of it, else from the current snapshot) and the
+        // key's local bucket: no reference count is touched, so threads deciding on one hot key share no
+        // written cache line (the tokens are in per-core shards).
+        let answered = last_rule::with(self.inner.id, rule, |compiled| engine.answer_now(compiled, key, cost));
+        if let Some(Some(answer)) = answered {
+            return Ok(answer.decision());
+        }
         let compiled = {
             let rules = self.inner.rules.load();
             let compiled = rules.get(rule).ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
+            if answered.is_none() {
+                last_rule::put(self.inner.id, compiled);
+            }
             if let Some(decision) = engine.decide_now(compiled, key, cost)? {
                 return Ok(decision);
             }
