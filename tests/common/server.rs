@@ -95,20 +95,27 @@ impl RedisServer {
 
     /// As [`Self::start_with`], serving TLS only when `tls` is given (on `port`, with `--port 0`: a client
     /// that does not speak TLS finds nothing); its `url` is then `rediss://`, and `cmd` speaks TLS.
+    ///
+    /// A port released by `free_port` can be taken by another test's server before this one binds it; the
+    /// server then exits, and is started again on another port (up to 5 times).
     pub fn start_tls(tls: Option<Tls>, args: &[&str]) -> Self {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let args = args.iter().map(|a| (*a).to_owned()).collect();
-        let mut server = Self {
-            port,
-            child: None,
-            dir,
-            args,
-            tls,
-        };
-        server.spawn();
-        server
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!("tokenlease-test-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let mut server = Self {
+                port,
+                child: None,
+                dir,
+                args: args.clone(),
+                tls: tls.clone(),
+            };
+            if server.try_spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server could not bind a free port in 5 tries");
     }
 
     /// Starts a replica of `master` on a free port and waits until its link to the master is up.
@@ -135,7 +142,14 @@ impl RedisServer {
             .unwrap_or_default()
     }
 
+    /// Starts the server on its port; panics unless it answers.
     fn spawn(&mut self) {
+        assert!(self.try_spawn(), "redis-server could not bind port {}", self.port);
+    }
+
+    /// Starts the server on its port and waits until it answers PING as itself: `false` when it exited (its
+    /// port taken), so that the caller never talks to another test's server on the same port.
+    fn try_spawn(&mut self) -> bool {
         let port = self.port.to_string();
         let ports = match &self.tls {
             None => vec!["--port".to_owned(), port],
@@ -151,11 +165,17 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed for these tests (the README's test command installs it)");
+        let pid = format!("process_id:{}", child.id());
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if self.cmd(&["PING"]).map(|s| s.contains("PONG")).unwrap_or(false) {
-                return;
+            if self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_)))) {
+                self.child = None;
+                return false;
+            }
+            let info = self.cmd(&["INFO", "server"]).unwrap_or_default();
+            if info.lines().any(|l| l.trim() == pid) {
+                return true;
             }
             std::thread::sleep(Duration::from_millis(20)); // real time: the started redis-server answers PING
         }

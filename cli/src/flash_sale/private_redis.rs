@@ -24,7 +24,13 @@ fn free_port() -> Result<u16, String> {
     listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
 
+/// Starts the server on a free port, trying again on another port when it exits: a port `free_port` released can
+/// be bound by another program first, and a reply on it would then come from someone else's server.
 pub(super) fn start_private_redis(rt: &tokio::runtime::Runtime) -> Option<PrivateRedis> {
+    (0..3).find_map(|_| try_private_redis(rt))
+}
+
+fn try_private_redis(rt: &tokio::runtime::Runtime) -> Option<PrivateRedis> {
     let port = free_port().ok()?;
     let dir = std::env::temp_dir().join(format!("tokenlease-flash-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).ok()?;
@@ -45,14 +51,19 @@ pub(super) fn start_private_redis(rt: &tokio::runtime::Runtime) -> Option<Privat
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
-    let server = PrivateRedis {
+    let mut server = PrivateRedis {
         child,
         url: format!("redis://127.0.0.1:{port}"),
         _dir: dir,
     };
     for _ in 0..100 {
         if rt.block_on(reachable(&server.url)) {
-            return Some(server);
+            // A server that could not bind its port exits within milliseconds of its start.
+            std::thread::sleep(Duration::from_millis(200));
+            return matches!(server.child.try_wait(), Ok(None)).then_some(server);
+        }
+        if !matches!(server.child.try_wait(), Ok(None)) {
+            return None;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
