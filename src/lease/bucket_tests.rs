@@ -268,3 +268,82 @@ fn the_demand_is_averaged_over_a_ttl_weighted_by_time() {
     // Two leases a millisecond apart with no decision between them: the key is not read as idle.
     assert_eq!(smoothed(500, (0, MS), ttl), 497);
 }
+
+/// A key that decided 100 times a second for a second, refused while the shared bucket was saturated, then
+/// leased at 1 s and was handed a turn 5 s ahead (a long queue of the fleet's turns).
+fn waiting_for_a_far_turn() -> LocalBucket {
+    let b = local_bucket();
+    b.refused(Duration::from_secs(1), Duration::ZERO, Duration::ZERO, 0);
+    for i in 0..100 {
+        assert!(matches!(b.try_take(1, i * 10 * MS), Take::Exhausted { .. }));
+    }
+    let plan = b.plan(1000, 1, 1000 * MS);
+    assert_eq!(b.lock().demand_per_s, 100);
+    let turn = Reply {
+        granted: 10,
+        remaining: 0,
+        retry_after_ms: 5_000,
+        reset_after_ms: 1_000,
+        stamp: 0,
+    };
+    assert!(b.add(&turn, (1000 * MS, 0), plan, 1000 * MS));
+    b
+}
+
+#[test]
+fn a_demand_that_falls_lifts_the_wait_for_a_far_turn_and_the_lease_probes() {
+    let b = waiting_for_a_far_turn();
+    // The demand keeps its pace for a second, sampled by the sweeper every quarter TTL: the turn stands.
+    for i in 0..100 {
+        let now = 1000 * MS + i * 10 * MS;
+        let _ = b.try_take(1, now);
+        if i % 5 == 0 {
+            assert!(!b.sample(now), "a steady demand keeps its turn (at {now} ns)");
+        }
+    }
+    assert!(matches!(b.try_take(1, 2000 * MS), Take::Exhausted { .. }));
+    // Then it stops: within the eight samples' span (400 ms) the wait is lifted, and the next caller leases.
+    let lifted = (0..8).map(|i| 2000 * MS + i * 50 * MS).find(|&now| b.sample(now));
+    let lifted = lifted.expect("the wait lifted within 400 ms of the fall");
+    assert_eq!(b.try_take(1, lifted), Take::Empty);
+    assert!(b.probing(lifted), "the lease after a lift asks for no turn");
+    // The lease measures the demand as it is now, not since the last lease (100 in 1.3 s or more).
+    let _ = b.plan(1000, 1, lifted);
+    assert!(b.lock().demand_per_s < 50, "{}", b.lock().demand_per_s);
+    // Refused, the probe backs off a TTL, then two, then waits for the turn it kept (at 6 s).
+    let empty = Reply {
+        granted: 0,
+        remaining: 0,
+        retry_after_ms: 1,
+        reset_after_ms: 1_000,
+        stamp: 0,
+    };
+    let mut now = lifted;
+    for backoff in [200, 400, 800, 1_600] {
+        b.refused_by_store(&empty, now);
+        assert_eq!(b.try_take(1, now), Take::Exhausted { retry_ns: backoff * MS });
+        now += backoff * MS;
+        assert_eq!(b.try_take(1, now), Take::Empty);
+        assert!(b.probing(now));
+    }
+    b.refused_by_store(&empty, now);
+    assert_eq!(
+        b.try_take(1, now),
+        Take::Exhausted {
+            retry_ns: 6000 * MS - now
+        }
+    );
+    assert!(!b.probing(now), "back in the queue at its kept turn");
+}
+
+#[test]
+fn a_granted_probe_ends_the_probing() {
+    let b = waiting_for_a_far_turn();
+    let lifted = (0..40).map(|i| 1000 * MS + i * 50 * MS).find(|&now| b.sample(now));
+    let lifted = lifted.expect("no decision after the lease: lifted");
+    assert!(b.probing(lifted));
+    let plan = b.plan(1000, 1, lifted);
+    assert!(b.add(&grant(10), (lifted, 0), plan, lifted));
+    assert!(!b.probing(lifted), "granted: the next lease asks for a turn again");
+    assert!(matches!(b.try_take(1, lifted), Take::Taken { .. }));
+}

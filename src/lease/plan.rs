@@ -32,7 +32,12 @@ impl LocalBucket {
         } else {
             decided
         };
-        book.demand_per_s = smoothed(book.demand_per_s, (decided, elapsed_ns), nanos(lease.ttl));
+        // A demand that fell over the last samples is read as it is now: measured since the last lease (seconds
+        // ago when the key waited for its turn) it would size the batch for the demand of then, and the lease
+        // would take the refill the others wait for.
+        let fallen = book.recent.fallen(book.demand_per_s, (now_ns, decisions));
+        book.demand_per_s =
+            fallen.unwrap_or_else(|| smoothed(book.demand_per_s, (decided, elapsed_ns), nanos(lease.ttl)));
         let observed =
             u64::try_from(u128::from(book.demand_per_s) * u128::from(horizon_ns) / 1_000_000_000).unwrap_or(u64::MAX);
         let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
