@@ -78,13 +78,22 @@ pub(super) struct Book {
     pub(super) decisions_at_heat: u64,
 }
 
+impl Book {
+    /// Whether the next lease is a probe after a lifted wait ([`super::bucket::LocalBucket::sample`]): it asks for
+    /// no turn, so that a refusal does not push the fleet's queue of turns back, and waits for the kept turn if
+    /// refused.
+    pub(super) fn probing(&self, now_ns: u64) -> bool {
+        self.probe.is_some_and(|p| p.kept_turn_ns > now_ns)
+    }
+}
+
 /// The decisions a key's demand at its last lease must have brought over the last samples, for a fall to half of
 /// them to count as a fall ([`Recent::fallen`]): fewer than half of 16 comes by chance in about one wait of 50
 /// (a Poisson count).
 pub(super) const FALL_DECISIONS: u64 = 16;
 
-/// A key's decisions counted at the last four sweeps (a sweep every quarter of the shortest TTL), the oldest
-/// overwritten: the demand over about the last TTL, which a lease's measure since the last lease (seconds ago
+/// A key's decisions counted at the last eight sweeps (a sweep every quarter of the shortest TTL), the oldest
+/// overwritten: the demand over about the last two TTLs, which a lease's measure since the last lease (seconds ago
 /// while the key waited for its turn) does not see.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Recent {

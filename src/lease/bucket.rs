@@ -332,7 +332,7 @@ impl LocalBucket {
 
     /// Records a lease the shared bucket refused (it had fewer than `plan.min` tokens: other processes took
     /// their turns): refuse locally until the turn it handed this process, the reply's `retry_after`.
-    /// A refused probe ([`Self::probing`]) waits its backoff, or for the turn it kept once the next probe would
+    /// A refused probe ([`Self::sample`]) waits its backoff, or for the turn it kept once the next probe would
     /// come after it.
     pub(crate) fn refused_by_store(&self, reply: &Reply, now_ns: u64) {
         let mut retry_after = crate::decision::from_protocol_ms(reply.retry_after_ms);
@@ -454,7 +454,7 @@ impl LocalBucket {
     /// Samples the decisions counted by `now_ns` ([`Recent`]), and lifts the wait for a turn, or for a refusal's
     /// `retry_after`, when the demand since the oldest sample fell under half of what it was at the last lease
     /// ([`Recent::fallen`]); the next caller leases then, no sooner than the last chunk of a paced lease, as a
-    /// probe ([`Self::probing`]). Called by the sweeper.
+    /// probe ([`Self::plan`]). Called by the sweeper.
     ///
     /// A turn is a place in a queue of the fleet's turns, each spaced for the batch its process leased while the
     /// fleet saturated the bucket; 64 processes queue seconds ahead. When the demand steps down, the bucket
@@ -486,10 +486,10 @@ impl LocalBucket {
         true
     }
 
-    /// Whether the next lease is a probe after a lifted wait ([`Self::sample`]): it asks for no turn, so
-    /// that a refusal does not push the fleet's queue of turns back, and waits for the kept turn if refused.
+    /// Whether the next lease is a probe after a lifted wait ([`Self::sample`]; [`Self::plan`] asks for no turn).
+    #[cfg(test)]
     pub(crate) fn probing(&self, now_ns: u64) -> bool {
-        self.lock().probe.is_some_and(|p| p.kept_turn_ns > now_ns)
+        self.lock().probing(now_ns)
     }
 
     /// Retires the bucket for good without taking its tokens: no decision or lease uses it again.

@@ -338,13 +338,10 @@ impl Engine {
         let failures = self.store.failures();
         // At most this process's share of the burst at once, so the others get theirs.
         let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
-        let probe = local.probing(sent);
         let plan = local.plan(fair_share, cost, sent);
-        // A probe after a lifted wait asks for no turn: refused, it keeps its place in the fleet's queue.
-        let turn = if probe { 0 } else { plan.turn };
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
-        let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), turn)
+        let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
             .paced(plan.pace)
             .with_timeout(self.store.timeouts.lease);
         // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
@@ -361,7 +358,7 @@ impl Engine {
             }
         };
         let now = clock.now_ns();
-        tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, ?plan.pace, probe, "lease");
+        tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, ?plan.pace, plan.turn, "lease");
         let m = &compiled.metrics;
         match result {
             Ok(reply) if reply.granted > 0 => {

@@ -21,6 +21,10 @@ impl LocalBucket {
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
         let mut book = self.lock();
+        // A probe after a lifted wait ([`Self::sample`]) asks for no turn: refused, it keeps its place in the
+        // fleet's queue.
+        let probing = book.probing(now_ns);
+        let ask = move |turn: u64| if probing { 0 } else { turn };
         let decisions = self.tokens.counts().total();
         let decided = decisions.saturating_sub(book.decisions_at_lease);
         let elapsed_ns = now_ns.saturating_sub(book.last_lease_ns).max(1);
@@ -74,7 +78,7 @@ impl LocalBucket {
                 min: cost,
                 max: turn,
                 batch: turn,
-                turn,
+                turn: ask(turn),
                 pace,
             };
         }
@@ -101,7 +105,7 @@ impl LocalBucket {
             min: cost,
             max,
             batch,
-            turn: turn.max(batch),
+            turn: ask(turn.max(batch)),
             pace: Pace::default(),
         }
     }

@@ -177,7 +177,7 @@ impl RedisServer {
             if info.lines().any(|l| l.trim() == pid) {
                 return true;
             }
-            std::thread::sleep(Duration::from_millis(20)); // real time: the started redis-server answers PING
+            std::thread::sleep(Duration::from_millis(20)); // real time: the started redis-server answers INFO
         }
         panic!("redis-server on port {} did not answer within 10 s", self.port);
     }
