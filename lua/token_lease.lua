@@ -30,7 +30,8 @@
 -- turn = max(turn, now) + spacing, spacing = ceil(3 × ceil(batch × per_ms / rate) / 5) ms (three fifths of the
 -- refill of a batch, at least 1; batch capped at capacity), and retry_after_ms is the wait for it. So the processes
 -- of a saturated key call one after another, a turn's refill apart, however many they are. The turn lives in the
--- bucket's hash: a full bucket (deleted) has none.
+-- bucket's hash: a full bucket (deleted) has none, and a call that finds the bucket within a batch of its top (its
+-- refill is being lost: the turns handed are not being taken) restarts the line from now.
 --
 -- Paced leases: a process that spends a saturated bucket's turn slowly (100 decisions a second in a fleet of 1000)
 -- would bring a TTL's spending per call. A paced grant of n tokens is released in chunks, one every chunk_ms, so
@@ -220,11 +221,14 @@ else
   retry_after = cdiv(min * per - level, rate)
 end
 
+-- A bucket within a batch of its top loses its refill: the turns handed out are not being taken (their holders'
+-- demand fell, or they left), so the line of turns starts again from now.
+local b = batch
+if b > capacity then b = capacity end
+if b > 0 and room < b then redis.call('HDEL', KEYS[1], 'turn') end
 -- The caller drained the bucket (the same call again would be refused): it is handed the next turn.
 local turn = nil
 if rate > 0 and batch > 0 and retry_after ~= -1 and whole(level) < min then
-  local b = batch
-  if b > capacity then b = capacity end
   turn = tonumber(redis.call('HGET', KEYS[1], 'turn') or '0') or 0
   if turn < now then turn = now end
   local spacing = cdiv(3 * cdiv(b * per, rate), 5)

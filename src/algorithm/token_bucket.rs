@@ -254,8 +254,10 @@ impl TokenBucket {
     /// the wait for `min` tokens on a refusal). So the processes of a saturated key call one after another,
     /// a turn's refill apart, whatever their number, and none bunch. A grant released by `pace` (more than one
     /// chunk) is added to the bucket's pending tokens ([`Pending::with`]). Returns the state, the last turn handed
-    /// out and the reply. A lease never leaves the bucket full, so it never has to drop the turn; a store drops
-    /// it with a bucket that another call filled (Redis deletes the hash that holds it).
+    /// out and the reply. A lease that finds the bucket within a batch of its top (its refill is being lost, so
+    /// the turns handed out are not being taken: their holders' demand fell, or they left) first restarts the
+    /// line from now (`turn_ms` 0). A store drops the turn with a bucket that another call filled (Redis deletes
+    /// the hash that holds it).
     pub(crate) fn lease(
         &self,
         (state, turn_ms): (Option<TokenBucketState>, u64),
@@ -263,13 +265,16 @@ impl TokenBucket {
         pace: Pace,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, u64, Reply) {
+        // A bucket within a batch of its top loses its refill: the turns handed out are not being taken (their
+        // holders' demand fell, or they left), so the line of turns starts again from now.
+        let restart = batch > 0 && self.room(&self.refill(state, now_ms), now_ms) < batch.min(self.capacity);
         let (mut new, mut reply) = self.take_noted(state, (min, max), true, now_ms);
         if let Some(s) = new.as_mut().filter(|_| pace.span_ms(reply.granted).is_some()) {
             s.paced = s.paced.with(reply.granted, pace, now_ms);
             // From the state's timestamp, as the script's `pend_ts` (later than now only on a clock gone back).
             s.paced.from_ms = s.paced.from_ms.max(s.ts_ms);
         }
-        let mut turn = turn_ms;
+        let mut turn = if restart { 0 } else { turn_ms };
         if self.rate > 0 && batch > 0 && reply.retry_after_ms != NEVER && reply.remaining < min {
             turn = turn.max(now_ms).saturating_add(self.turn_spacing(batch));
             reply.retry_after_ms = reply.retry_after_ms.max(ms(turn - now_ms));
@@ -471,130 +476,5 @@ impl TokenBucket {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const NINE_PER_MINUTE: TokenBucket = TokenBucket {
-        capacity: 9,
-        rate: 9,
-        per_ms: 60_000,
-    };
-
-    /// Found by `simulate --healthy` (seed 70, with slow demands leased unpaced): the store refills for the tokens
-    /// a lease holds, so giving them back unspent after their TTL refills the bucket twice. Three leases and two
-    /// give-backs then hold 1.24 times the bound of a 0.2 s window: the TTL's tokens in hand and a full level.
-    #[test]
-    fn tokens_given_back_after_their_ttl_never_let_the_fleet_hold_more_than_the_bound() {
-        let b = TokenBucket {
-            capacity: 100,
-            rate: 50,
-            per_ms: 1_000,
-        };
-        let ttl_ms = 1_000;
-        let lease = |s, n, now| b.lease((s, 0), (1, n, 0), Pace::default(), now);
-        let (s, _, a) = lease(None, 100, 0); // A: the whole burst, spends none
-        let (s, _, first) = lease(s, 100, 999); // B: the refill, 49
-        let (s, _) = b.give_back(s, a.granted, Some(a.stamp), 1_000); // A's tokens, expired, go back
-        let (s, _, c) = lease(s, 100, 1_000); // C: 100, in hand until 2000
-        let (s, _, d) = lease(s, 100, 1_998); // D: the refill, 49
-        let (s, _) = b.give_back(s, first.granted, Some(first.stamp), 1_999); // B's, expired, go back
-        let (_, _, e) = lease(s, 100, 1_999); // E: what the level holds
-
-        // At 1999 C, D and E hold tokens leased within the TTL, all spendable in the next 0.2 s.
-        let held = c.granted + d.granted + e.granted;
-        let bound = b.capacity + b.rate * (200 + ttl_ms) / 1_000;
-        assert!(held <= bound, "{held} tokens spendable in 0.2 s, bound {bound}");
-    }
-
-    #[test]
-    fn tokens_due_at_a_millisecond_are_there_at_it() {
-        let b = NINE_PER_MINUTE;
-        let (s, r) = b.take(None, 9, 9, 0);
-        assert_eq!((r.granted, r.remaining), (9, 0));
-        let (_, r) = b.take(s, 3, 3, 19_999);
-        assert_eq!((r.granted, r.retry_after_ms), (0, 1));
-        let (_, r) = b.take(s, 3, 3, 20_000);
-        assert_eq!((r.granted, r.remaining), (3, 0));
-    }
-
-    #[test]
-    fn rescale_rounds_down_exactly_and_drops_under_a_token_only_beyond_2_pow_53() {
-        assert_eq!(rescale(5_000, 1_000, 60_000), 300_000);
-        assert_eq!(rescale(1_999, 1_000, 500), 999);
-        assert_eq!(
-            rescale(-4_001, 1_000, 500),
-            -2_001,
-            "a debt rounds to more debt, never less"
-        );
-        assert_eq!(rescale(7, 3, 7), 16);
-        // Periods whose reduced product reaches 2^53: the part under a token is dropped, as the scripts do.
-        let (a, b): (u64, u64) = (94_906_267, 94_906_269);
-        assert!(a * b >= MAX_EXACT);
-        assert_eq!(rescale(3 * ms(a) + 5, a, b), 3 * ms(b));
-    }
-
-    #[test]
-    fn a_reload_refills_the_time_before_it_at_the_old_parameters() {
-        let old = TokenBucket {
-            capacity: 10,
-            rate: 1,
-            per_ms: 1_000,
-        };
-        let new = TokenBucket { rate: 10, ..old };
-        let (s, _) = old.take(None, 10, 10, 0);
-        let (s, r) = new.take(s, 1, 1, 900);
-        assert_eq!(
-            (r.granted, s.map(|s| (s.level, s.ts_ms, s.bucket))),
-            (0, Some((900, 900, new)))
-        );
-        let (s, r) = new.take(s, 1, 1, 1_000);
-        assert_eq!((r.granted, s.map(|s| s.level)), (1, Some(900)));
-        let (same, r) = new.take(s, 1, 1, 1_000);
-        assert_eq!(
-            (r.granted, same),
-            (0, s),
-            "a refusal under the same parameters stores nothing new"
-        );
-    }
-
-    #[test]
-    fn short_leases_are_handed_turns_a_fraction_of_a_batch_apart() {
-        // 100 tokens refilled at 1000 a second; batches of 50: turns 30 ms apart.
-        let b = TokenBucket {
-            capacity: 100,
-            rate: 1_000,
-            per_ms: 1_000,
-        };
-        assert_eq!(b.turn_spacing(50), 30);
-        // All it asked for, and as much left: no turn.
-        let (s, turn, r) = b.lease((None, 0), (1, 50, 50), Pace::default(), 0);
-        assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 50, 0, 0));
-        // The next drains the bucket: the first turn, 30 ms from now.
-        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 0);
-        assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 0, 30, 30));
-        // Two more callers at 10 ms: a grant of what refilled and a refusal, each given the next turn.
-        let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 10);
-        assert_eq!((r.granted, r.retry_after_ms, turn), (10, 50, 60));
-        let (s, turn, r) = b.lease((s, turn), (5, 60, 50), Pace::default(), 10);
-        assert_eq!((r.granted, r.retry_after_ms, turn), (0, 80, 90));
-        // The bucket refilled: a batch taken and one left, no turn (the last stays as it was).
-        let (s, turn, r) = b.lease((s, turn), (1, 50, 50), Pace::default(), 500);
-        assert_eq!((r.granted, r.retry_after_ms, turn), (50, 0, 90));
-        // Turns past: the next starts from now.
-        let (_, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 500);
-        assert_eq!((r.granted, r.retry_after_ms, turn), (50, 30, 530));
-        // A stock or a cost above the capacity is never: no turn.
-        let stock = TokenBucket { rate: 0, ..b };
-        let (_, turn, r) = stock.lease((Some(stock.refill(None, 0)), 0), (101, 101, 50), Pace::default(), 0);
-        assert_eq!((r.retry_after_ms, turn), (NEVER, 0));
-    }
-
-    #[test]
-    fn a_missing_bucket_starts_full_and_a_full_one_is_not_stored() {
-        let b = NINE_PER_MINUTE;
-        let (s, r) = b.take(None, 1, 1, 5);
-        assert_eq!((r.granted, r.remaining, r.reset_after_ms), (1, 8, 6_667));
-        let (s, _) = b.give_back(s, 5, None, 5);
-        assert_eq!(s, None, "a return that fills the bucket deletes it");
-    }
-}
+#[path = "token_bucket_tests.rs"]
+mod tests;
