@@ -308,6 +308,13 @@ impl Scenario {
         in_force(&self.demand, at_ms).copied().unwrap_or(0)
     }
 
+    /// The first ms after `at_ms` at which the demand or the deciders change (`None`: never again).
+    pub(super) fn next_change_after(&self, at_ms: u64) -> Option<u64> {
+        let demand = self.demand.iter().map(|(from, _)| *from);
+        let deciders = self.deciders.iter().map(|(from, _)| *from);
+        demand.chain(deciders).filter(|from| *from > at_ms).min()
+    }
+
     /// How many of the first processes decide at `at_ms` (`None`: all).
     pub(super) fn deciders_at(&self, at_ms: u64) -> Option<usize> {
         in_force(&self.deciders, at_ms).copied()
