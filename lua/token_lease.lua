@@ -7,7 +7,8 @@
 -- ARGV[3]  per_ms     integer ≥ 1
 -- ARGV[4]  min        tokens, integer ≥ 1: grant nothing unless at least this many are there
 -- ARGV[5]  max        tokens, integer ≥ min: grant at most this many
--- ARGV[6]  batch      tokens, integer ≥ 0: what the caller's leases are sized for, which spaces the turns (0: no turn)
+-- ARGV[6]  batch      tokens, integer ≥ 0: what the caller's leases are sized for, which spaces the turns (0: a
+--                     probe, handed no turn)
 -- ARGV[7]  chunk      tokens, integer ≥ 0: a paced lease (0: not paced) releases its grant to its callers in chunks
 --                     of this many tokens,
 -- ARGV[8]  chunk_ms   integer ≥ 0: one every this many ms from when it was sent, each spent within the lease TTL of
@@ -30,8 +31,9 @@
 -- turn = max(turn, now) + spacing, spacing = ceil(3 × ceil(batch × per_ms / rate) / 5) ms (three fifths of the
 -- refill of a batch, at least 1; batch capped at capacity), and retry_after_ms is the wait for it. So the processes
 -- of a saturated key call one after another, a turn's refill apart, however many they are. The turn lives in the
--- bucket's hash: a full bucket (deleted) has none, and a call that finds the bucket within a batch of its top (its
--- refill is being lost: the turns handed are not being taken) restarts the line from now.
+-- bucket's hash: a full bucket (deleted) has none. A call that finds the bucket within a batch of its top (its
+-- refill is being lost), and a probe that is granted tokens, show that the turns handed are not being taken: the
+-- line restarts from now.
 --
 -- Paced leases: a process that spends a saturated bucket's turn slowly (100 decisions a second in a fleet of 1000)
 -- would bring a TTL's spending per call. A paced grant of n tokens is released in chunks, one every chunk_ms, so
@@ -221,11 +223,12 @@ else
   retry_after = cdiv(min * per - level, rate)
 end
 
--- A bucket within a batch of its top loses its refill: the turns handed out are not being taken (their holders'
--- demand fell, or they left), so the line of turns starts again from now.
+-- The turns handed out are not being taken (their holders' demand fell, or they left) when the bucket is within a
+-- batch of its top (its refill is being lost) or a probe (batch 0: a process whose demand fell and that no longer
+-- waits for its turn) is granted what they left: the line of turns starts again from now.
 local b = batch
 if b > capacity then b = capacity end
-if b > 0 and room < b then redis.call('HDEL', KEYS[1], 'turn') end
+if (b > 0 and room < b) or (b == 0 and granted > 0) then redis.call('HDEL', KEYS[1], 'turn') end
 -- The caller drained the bucket (the same call again would be refused): it is handed the next turn.
 local turn = nil
 if rate > 0 and batch > 0 and retry_after ~= -1 and whole(level) < min then

@@ -254,10 +254,11 @@ impl TokenBucket {
     /// the wait for `min` tokens on a refusal). So the processes of a saturated key call one after another,
     /// a turn's refill apart, whatever their number, and none bunch. A grant released by `pace` (more than one
     /// chunk) is added to the bucket's pending tokens ([`Pending::with`]). Returns the state, the last turn handed
-    /// out and the reply. A lease that finds the bucket within a batch of its top (its refill is being lost, so
-    /// the turns handed out are not being taken: their holders' demand fell, or they left) first restarts the
-    /// line from now (`turn_ms` 0). A store drops the turn with a bucket that another call filled (Redis deletes
-    /// the hash that holds it).
+    /// out and the reply. `batch` 0 is a *probe* (a process whose demand fell, no longer waiting for its turn):
+    /// it is handed no turn. The turns handed out are not being taken (their holders' demand fell, or they
+    /// left) when a lease finds the bucket within a batch of its top (its refill is being lost) or a probe is
+    /// granted tokens: the line then restarts from now (`turn_ms` 0). A store drops the turn with a bucket that
+    /// another call filled (Redis deletes the hash that holds it).
     pub(crate) fn lease(
         &self,
         (state, turn_ms): (Option<TokenBucketState>, u64),
@@ -265,10 +266,11 @@ impl TokenBucket {
         pace: Pace,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, u64, Reply) {
-        // A bucket within a batch of its top loses its refill: the turns handed out are not being taken (their
-        // holders' demand fell, or they left), so the line of turns starts again from now.
-        let restart = batch > 0 && self.room(&self.refill(state, now_ms), now_ms) < batch.min(self.capacity);
+        // The turns handed out are not being taken (their holders' demand fell, or they left) when the bucket is
+        // within a batch of its top (its refill is being lost) or a probe (batch 0) is granted what they left.
+        let near_top = batch > 0 && self.room(&self.refill(state, now_ms), now_ms) < batch.min(self.capacity);
         let (mut new, mut reply) = self.take_noted(state, (min, max), true, now_ms);
+        let restart = near_top || (batch == 0 && reply.granted > 0);
         if let Some(s) = new.as_mut().filter(|_| pace.span_ms(reply.granted).is_some()) {
             s.paced = s.paced.with(reply.granted, pace, now_ms);
             // From the state's timestamp, as the script's `pend_ts` (later than now only on a clock gone back).

@@ -118,7 +118,7 @@ fn short_leases_are_handed_turns_a_fraction_of_a_batch_apart() {
 }
 
 #[test]
-fn a_lease_that_finds_the_bucket_within_a_batch_of_its_top_restarts_the_line_of_turns() {
+fn a_bucket_near_its_top_or_a_granted_probe_restarts_the_line_of_turns() {
     // 100 tokens refilled at 1000 a second; batches of 50: turns 30 ms apart.
     let b = TokenBucket {
         capacity: 100,
@@ -138,6 +138,11 @@ fn a_lease_that_finds_the_bucket_within_a_batch_of_its_top_restarts_the_line_of_
     // starts again from now.
     let (_, near, r) = b.lease((s, turn), (1, 100, 50), Pace::default(), 95);
     assert_eq!((r.granted, r.retry_after_ms, near), (95, 30, 125));
+    // A probe (batch 0) refused at 2 ms keeps the line; granted at 40 ms, it restarts it.
+    let (_, kept, r) = b.lease((s, turn), (5, 5, 0), Pace::default(), 2);
+    assert_eq!((r.granted, kept), (0, 630));
+    let (_, dropped, r) = b.lease((s, turn), (1, 10, 0), Pace::default(), 40);
+    assert_eq!((r.granted, r.retry_after_ms, dropped), (10, 0, 0));
 }
 
 #[test]
