@@ -197,18 +197,19 @@ impl TokenBucket {
         max: u64,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, Reply) {
-        self.take_noted(state, (min, max), false, now_ms)
+        let (new, reply, _) = self.take_noted(state, (min, max), false, now_ms);
+        (new, reply)
     }
 
     /// [`TokenBucket::take`], its grant noted in the bucket's rooms; a `lease`'s grant starts the notes and its
-    /// reply carries its stamp.
+    /// reply carries its stamp. Also returns the room the bucket had before the call (whole tokens up to its top).
     fn take_noted(
         &self,
         state: Option<TokenBucketState>,
         (min, max): (u64, u64),
         lease: bool,
         now_ms: u64,
-    ) -> (Option<TokenBucketState>, Reply) {
+    ) -> (Option<TokenBucketState>, Reply, u64) {
         let mut s = self.refill(state, now_ms);
         let room = self.room(&s, now_ms);
         let tokens = self.tokens(s.level);
@@ -243,7 +244,7 @@ impl TokenBucket {
         } else {
             self.unchanged(state, s)
         };
-        (new, reply)
+        (new, reply, room)
     }
 
     /// A lease of between `min` and `max` tokens that takes its turn on a saturated bucket (invariant 18;
@@ -266,10 +267,10 @@ impl TokenBucket {
         pace: Pace,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, u64, Reply) {
-        // The turns handed out are not being taken (their holders' demand fell, or they left) when the bucket is
+        let (mut new, mut reply, room) = self.take_noted(state, (min, max), true, now_ms);
+        // The turns handed out are not being taken (their holders' demand fell, or they left) when the bucket was
         // within a batch of its top (its refill is being lost) or a probe (batch 0) is granted what they left.
-        let near_top = batch > 0 && self.room(&self.refill(state, now_ms), now_ms) < batch.min(self.capacity);
-        let (mut new, mut reply) = self.take_noted(state, (min, max), true, now_ms);
+        let near_top = batch > 0 && room < batch.min(self.capacity);
         let restart = near_top || (batch == 0 && reply.granted > 0);
         if let Some(s) = new.as_mut().filter(|_| pace.span_ms(reply.granted).is_some()) {
             s.paced = s.paced.with(reply.granted, pace, now_ms);

@@ -430,9 +430,9 @@ impl LocalBucket {
     /// may lease again from its turn on; otherwise, in a fleet, it still waits for its last chunk's time, as the
     /// shared bucket's pending line does, which a second paced lease would merge with its own and so over-count
     /// (256 processes at 1.5 times the rate sold 89 % of a 10 s bound without the wait, 96 % with it; waiting
-    /// after a doubled demand too, 24 processes paced for 138 a second sold 122 of 367 a second: healthy seed 270). Nothing is released once the
-    /// store failed since the lease was sent (`failures`, the store's failure count now): [`Self::expire`] drops
-    /// those chunks. Returns whether tokens were released.
+    /// after a doubled demand too, 24 processes paced for 138 a second sold 122 of 367 a second: healthy seed
+    /// 270). Nothing is released once the store failed since the lease was sent (`failures`, the store's failure
+    /// count now): [`Self::expire`] drops those chunks. Returns whether tokens were released.
     pub(crate) fn release_early(&self, cost: u64, (now_ns, failures): (u64, u64), alone: bool) -> bool {
         let mut book = self.lock();
         let last_ns = book.schedule.last_ns().unwrap_or(0);

@@ -193,15 +193,21 @@ fn a_demand_that_outruns_the_pace_takes_the_chunks_early_then_waits_for_its_turn
     assert_eq!(b.try_take(1, 601 * MS), Take::Empty);
 }
 
+/// [`paced_35`] in a fleet, its first chunk spent at 102 ms and every other chunk taken early at `at_ns`.
+fn paced_35_spent_early_at(at_ns: u64) -> LocalBucket {
+    let (b, _) = paced_35(grant(35), 0);
+    assert_eq!(b.try_take(10, 102 * MS), Take::Taken { remaining: 0 });
+    while b.release_early(5, (at_ns, 0), false) {
+        assert!(matches!(b.try_take(5, at_ns), Take::Taken { .. }));
+    }
+    b
+}
+
 #[test]
 fn in_a_fleet_a_key_whose_chunks_came_early_leases_after_the_last_ones_time() {
     // Leased at 100 ms, chunks until 400 ms; the last taken at 260 ms, past half their span: the demand
     // outran the pace by less than twice.
-    let (b, _) = paced_35(grant(35), 0);
-    assert_eq!(b.try_take(10, 102 * MS), Take::Taken { remaining: 0 });
-    while b.release_early(5, (260 * MS, 0), false) {
-        assert!(matches!(b.try_take(5, 260 * MS), Take::Taken { .. }));
-    }
+    let b = paced_35_spent_early_at(260 * MS);
     // The shared bucket counts the chunks pending until 400 ms: a second paced lease would merge with them.
     assert_eq!(b.try_take(1, 260 * MS), Take::Exhausted { retry_ns: 140 * MS });
 }
@@ -211,11 +217,7 @@ fn in_a_fleet_a_key_whose_chunks_came_early_leases_after_the_last_ones_time() {
 /// chunk's time: 122 sold in a second of a demand under the rate. A demand that at least doubled leases now.
 #[test]
 fn in_a_fleet_a_key_whose_demand_doubled_leases_as_soon_as_its_chunks_are_out() {
-    let (b, _) = paced_35(grant(35), 0);
-    assert_eq!(b.try_take(10, 102 * MS), Take::Taken { remaining: 0 });
-    while b.release_early(5, (240 * MS, 0), false) {
-        assert!(matches!(b.try_take(5, 240 * MS), Take::Taken { .. }));
-    }
+    let b = paced_35_spent_early_at(240 * MS);
     assert_eq!(b.try_take(1, 240 * MS), Take::Empty, "leases now");
 }
 

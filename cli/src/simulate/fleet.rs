@@ -318,7 +318,7 @@ impl Driver {
         // owes is the demand's integral, and a step keeps each process's phase. (Charging the time since the last
         // wake at the new demand squeezed the phases: after 3610/s fell to 397/s, 64 processes decided within
         // 18 ms of each other every 161 ms, a burst no small bucket sells: seed 69.)
-        let mut rate = 0.0;
+        let mut owed_per_s = 0.0;
         loop {
             let now = tokio::time::Instant::now();
             if now >= end || self.life.get() == Life::Killed {
@@ -335,9 +335,9 @@ impl Driver {
             }
             let per_s = per_s * self.weight / alive as f64;
             if self.life.get() == Life::Running {
-                owed += rate * (now - last).as_secs_f64();
+                owed += owed_per_s * (now - last).as_secs_f64();
             }
-            (last, rate) = (now, per_s);
+            (last, owed_per_s) = (now, per_s);
             while owed >= 1.0 {
                 owed -= 1.0;
                 let (handle, life, tally) = (self.handle.clone(), self.life.clone(), self.tally.clone());
