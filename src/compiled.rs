@@ -35,7 +35,7 @@ pub(crate) struct Abandoned {
     pub(crate) at: tokio::time::Instant,
     /// Its tokens.
     pub(crate) cost: u64,
-    /// Where it was reserved: the store, or the local share (`fail_mode = "local"`).
+    /// Where it was reserved: the store, or the fail mode (`open` grants a slot while the store fails).
     pub(crate) source: crate::decision::Source,
 }
 
@@ -71,14 +71,13 @@ impl Line {
     }
 }
 
-/// The series `rule` can produce under `fail_mode` (a rule without a lease has no lease series).
-fn series(rule: &Rule, fail_mode: FailMode) -> Series {
+/// The series `rule` can produce (a rule without a lease has no lease series).
+fn series(rule: &Rule) -> Series {
     let algorithms = || std::iter::once(&rule.algorithm).chain(rule.overrides.iter().map(|o| &o.algorithm));
     Series {
         leases: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { lease: Some(_), .. })),
         queue: algorithms().any(|a| matches!(a, Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. })),
         shadow: rule.shadow,
-        debts: fail_mode == FailMode::Local,
     }
 }
 
@@ -131,7 +130,7 @@ impl Compiled {
             .chain(rule.overrides.iter().map(|o| &o.algorithm))
             .map(Algorithm::capacity);
         let fail_mode = rule.fail_mode.unwrap_or(default_mode);
-        let series = series(&rule, fail_mode);
+        let series = series(&rule);
         Self {
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
             leased: series.leases,

@@ -48,7 +48,7 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// The rules' `[rule.rls]` routes for Envoy's Rate Limit Service, in file order.
     pub rls: Vec<RlsRoute>,
-    /// The limiter-wide fail mode (from `[redis] fail_mode`, default `local`).
+    /// The limiter-wide fail mode (from `[redis] fail_mode`, default `closed`).
     pub fail_mode: FailMode,
 }
 

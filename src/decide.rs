@@ -15,7 +15,6 @@ use std::time::Duration;
 use crate::compiled::Compiled;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, FailReason};
-use crate::fallback::Unsettled;
 use crate::lease::bucket::LocalBucket;
 use crate::lease::engine::{unleased, Answer, Engine};
 use crate::lease::nearby;
@@ -162,14 +161,9 @@ impl Engine {
     /// check never waits); the rule's fail mode decides when the store fails.
     async fn check_store(&self, compiled: &Compiled, algorithm: &Algorithm, key: &str, cost: u64) -> Decision {
         let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(algorithm, &store_key, cost, 1, &self.members);
+        let call = Call::check(algorithm, &store_key, cost, &self.members);
         let sent_ns = self.clock.now_ns();
-        // What fail_mode local admitted alone is charged first, so this call's answer counts it (invariant 12).
-        match self
-            .fallback
-            .run((compiled.fail_mode, algorithm), &store_key, &call)
-            .await
-        {
+        match self.store.run(&call).await {
             Ok(reply) => {
                 let decision = Decision::from_reply(&reply, cost, self.store.source());
                 if !decision.allowed {
@@ -178,16 +172,9 @@ impl Engine {
                 }
                 decision
             }
-            Err(Unsettled::Failed(error)) => {
+            Err(error) => {
                 tracing::debug!(rule = %compiled.rule.name, %error, "store failed; deciding by fail_mode");
-                let reason = FailReason::of(&error);
-                self.fallback.decide(compiled, algorithm, &store_key, cost, reason)
-            }
-            // A charge of the key is in flight, or it was just charged and the other processes have yet to
-            // charge theirs: an answer now would not count them.
-            Err(wait) => {
-                let retry = wait.retry_after().unwrap_or(Duration::from_millis(1));
-                Decision::bare(false, retry, Source::Local)
+                self.fallback.decide(compiled, FailReason::of(&error))
             }
         }
     }
@@ -205,7 +192,7 @@ impl Engine {
             algorithm => algorithm.clone(),
         };
         let key_in_store = store_key(&self.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(&algorithm, &key_in_store, 0, 1, &self.members);
+        let call = Call::check(&algorithm, &key_in_store, 0, &self.members);
         let reply = self.store.run(&call).await?;
         let mut decision = Decision::from_peek(&reply, self.store.source());
         let held = compiled.leases.get(key).map_or(0, |local| local.available());

@@ -114,13 +114,3 @@ pub(crate) fn from_protocol_ms(v: i64) -> Duration {
         Duration::from_millis(u64::try_from(v).unwrap_or(0))
     }
 }
-
-/// A duration as the protocol's milliseconds, rounded up ([`Duration::MAX`] is `-1`: never); the inverse of
-/// [`from_protocol_ms`].
-pub(crate) fn to_protocol_ms(d: Duration) -> i64 {
-    if d == Duration::MAX {
-        NEVER
-    } else {
-        i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
-    }
-}

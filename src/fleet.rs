@@ -190,15 +190,6 @@ impl Fleet {
         }
     }
 
-    /// How long `rule`'s keys are still held, in ms; `None` when they are not. They are held until the hold's
-    /// end at the last beat, then until a beat answered after that end says how it ended (everyone reported, or
-    /// some were presumed: [`Fleet::presumed`]), which comes within [`BEAT_SOON`]; no longer than a debit's
-    /// timeout and two [`BEAT_SOON`] past the end, since beats that keep failing mean the store does too (the
-    /// callers then go to their fail mode, not to a store that would lease).
-    pub(crate) fn held(&self, rule: &str) -> Option<u64> {
-        self.held_by(&*self.rules.get(rule)?)
-    }
-
     /// [`Fleet::held`] for `seen`'s rule.
     fn held_by(&self, seen: &Seen) -> Option<u64> {
         let until = seen.held_until_ms.load(Ordering::Acquire);
@@ -209,23 +200,6 @@ impl Fleet {
         let answered = seen.answered_at_ms.load(Ordering::Acquire);
         let grace = millis(self.store.timeouts.debit).saturating_add(millis(BEAT_SOON).saturating_mul(2));
         (answered < until && now < until.saturating_add(grace)).then(|| millis(BEAT_SOON))
-    }
-
-    /// Whether `rule`'s roster has answered one of this process's beats: until then the process is not counted
-    /// in the fleet (a hold would not wait for it, nor presume it if it exited), so it sells nothing alone.
-    pub(crate) fn answered(&self, rule: &str) -> bool {
-        (self.rules.get(rule)).is_some_and(|seen| seen.is_answered())
-    }
-
-    /// The latest presumption of `rule`'s fleet this process heard, with `at_ms` when it first heard it (ms of
-    /// the limiter's clock); `None` when none was.
-    pub(crate) fn presumed(&self, rule: &str) -> Option<Presumption> {
-        let seen = self.rules.get(rule)?;
-        if seen.presumed_epoch.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let presumed = *seen.presumed.lock().unwrap_or_else(PoisonError::into_inner);
-        Some(presumed)
     }
 
     /// Joins `rule`'s fleet, whose key is now decided by `algorithm` (its refill goes into the hold's presumed
@@ -282,16 +256,6 @@ impl Fleet {
             })
         });
         seen.clone()
-    }
-
-    /// Joins `rule` as if its roster had answered `processes` (tests of one process among several).
-    #[cfg(test)]
-    pub(crate) fn joined_as(&self, rule: &str, processes: u64) {
-        let seen = self.seen(rule);
-        seen.processes.store(processes, Ordering::Release);
-        seen.beaten_at_failures.store(self.store.failures(), Ordering::Release);
-        seen.answered_at_ms.store(self.now_ms().max(1), Ordering::Release);
-        let _ = seen.joined.set(());
     }
 
     /// The rules joined so far.

@@ -11,13 +11,13 @@ use crate::background::Background;
 use crate::compiled::{Abandoned, Compiled, Line};
 use crate::decision::{from_protocol_ms, Permit, Source};
 use crate::error::Error;
-use crate::fallback::{Fallback, Unsettled};
+use crate::fallback::Fallback;
 use crate::refusals::Refusals;
 use crate::rule::Algorithm;
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
 
-/// What queueing needs: the store, the local shares for `fail_mode = "local"`, unique members, background tasks.
+/// What queueing needs: the store, the fail modes, unique members, background tasks.
 #[derive(Debug, Clone)]
 pub(crate) struct Queue {
     pub(crate) store: Arc<Guarded>,
@@ -70,18 +70,16 @@ impl Drop for Reserved<'_> {
         let Some(back) = self.call.undo() else { return };
         // A token bucket's tokens go back once, however often the call is sent.
         let back = back.once(self.queue.members.next());
-        let (store, fallback) = (self.queue.store.clone(), self.queue.fallback.clone());
+        let store = self.queue.store.clone();
         let (line, slot) = (self.line.clone(), self.slot);
         let (refusals, rule, key) = (self.queue.refusals.clone(), self.key.0, self.key.1.to_owned());
-        let local = self.slot.is_some_and(|s| s.source == Source::Fallback);
+        // A slot `open` granted while the store failed was never booked in it: nothing to hand back.
+        if self.slot.is_some_and(|s| s.source == Source::Fallback) {
+            return;
+        }
         if tokio::runtime::Handle::try_current().is_ok() {
             self.queue.background.spawn(async move {
-                let result = if local {
-                    fallback.run_local(&back)
-                } else {
-                    store.run(&back).await
-                };
-                match (result, slot) {
+                match (store.run(&back).await, slot) {
                     // Someone is queued behind it (or the store failed): the slot stays reserved; a later
                     // caller of this process takes it over rather than queueing behind it.
                     (Ok(reply), Some(slot)) if reply.granted == 0 => line.abandon(slot),
@@ -118,7 +116,7 @@ impl Queue {
     ///
     /// # Errors
     /// [`Error::QueueFull`] when the wait would exceed the bound; [`Error::InvalidArgument`] for a rule that is
-    /// neither a leaky nor a token bucket; [`Error::Store`] when the store fails under `fail_mode = "closed"`.
+    /// neither a leaky nor a token bucket; [`Error::Store`] when the store fails under `fail_mode = "closed"` or `"local"`.
     pub(crate) async fn acquire(
         &self,
         compiled: &Compiled,
@@ -142,7 +140,7 @@ impl Queue {
         });
         let store_key = store_key(&self.key_prefix, rule, key);
         let members = &self.members;
-        let call = Call::reservation(&algorithm, &store_key, cost, max_wait_ms, 1, members).ok_or_else(|| {
+        let call = Call::reservation(&algorithm, &store_key, cost, max_wait_ms, members).ok_or_else(|| {
             Error::InvalidArgument {
                 name: "rule",
                 reason: format!(
@@ -173,22 +171,7 @@ impl Queue {
                 return Ok(self.granted(compiled, started, cost, slot.source));
             }
         }
-        // What fail_mode local admitted alone is charged first, so this reservation counts it (invariant 12).
-        let result = match self
-            .fallback
-            .run((compiled.fail_mode, &algorithm), &store_key, &call)
-            .await
-        {
-            Ok(reply) => Ok(reply),
-            Err(Unsettled::Failed(error)) => Err(error),
-            Err(wait) => {
-                return Err(Error::QueueFull {
-                    rule: rule.to_owned(),
-                    max_wait: Duration::from_millis(max_wait_ms),
-                    retry_after: wait.retry_after().unwrap_or(Duration::from_millis(1)),
-                })
-            }
-        };
+        let result = self.store.run(&call).await;
         let (reply, source) = match result {
             Ok(reply) => {
                 // The key's schedule moved: a check refused before asks the store again.
@@ -196,10 +179,8 @@ impl Queue {
                 (reply, self.store.source())
             }
             Err(error) => {
-                let alone = self
-                    .fallback
-                    .reserve_alone(compiled, &algorithm, &store_key, (&call, cost), error);
-                (alone?, Source::Fallback)
+                let reply = self.fallback.reserve(compiled, cost, error)?;
+                (reply, Source::Fallback)
             }
         };
         drop(turn);

@@ -27,10 +27,6 @@ pub const OUTSTANDING_TOKENS: &str = "tokenlease_outstanding_tokens";
 pub const REDIS_DURATION_SECONDS: &str = "tokenlease_redis_duration_seconds";
 /// Store call failures, by `script` and `kind` (`timeout`/`io`/`noscript`/`cluster`/`readonly`/`oom`/`other`).
 pub const REDIS_ERRORS_TOTAL: &str = "tokenlease_redis_errors_total";
-/// Tokens that `fail_mode = "local"` admitted alone and whose charge to the shared bucket was finally given up
-/// (the store did not take it before shutdown's patience ran out), by `rule`: how far over the limit the fleet
-/// may have gone.
-pub const DEBT_DROPPED_TOKENS_TOTAL: &str = "tokenlease_debt_dropped_tokens_total";
 /// Refusals answered in process because the store refused the key lately and its `retry_after` has not
 /// passed (invariant 4), by `rule`; also counted in `tokenlease_decisions_total` as `rejected`, `local`.
 pub const REFUSALS_CACHED_TOTAL: &str = "tokenlease_refusals_cached_total";
@@ -121,11 +117,6 @@ pub fn describe() {
         Unit::Count,
         "1 when Redis maxmemory-policy may evict limiter keys (allkeys-*, volatile-*), else 0"
     );
-    describe_counter!(
-        DEBT_DROPPED_TOKENS_TOTAL,
-        Unit::Count,
-        "Tokens fail_mode local admitted alone whose charge to the shared bucket was given up at shutdown, by rule"
-    );
     describe_gauge!(LOCAL_KEYS, Unit::Count, "Keys held in the local lease cache");
     describe_gauge!(
         HOT_KEYS,
@@ -163,7 +154,6 @@ pub(crate) struct RuleMetrics {
     pub(crate) hot_keys: Gauge,
     pub(crate) queue_depth: Gauge,
     pub(crate) queue_wait: Histogram,
-    pub(crate) debt_dropped: Counter,
     pub(crate) refusals_cached: Counter,
 }
 
@@ -176,9 +166,6 @@ pub(crate) struct Series {
     pub(crate) queue: bool,
     /// The rule is in shadow mode: `shadow_rejected` decisions.
     pub(crate) shadow: bool,
-    /// The rule sells alone under `fail_mode = "local"`: debts (a token bucket's) or write-backs (a window's)
-    /// that shutdown may give up.
-    pub(crate) debts: bool,
 }
 
 impl RuleMetrics {
@@ -238,11 +225,6 @@ impl RuleMetrics {
                 histogram!(QUEUE_WAIT_SECONDS, "rule" => rule.clone())
             } else {
                 Histogram::noop()
-            },
-            debt_dropped: if series.debts {
-                counter!(DEBT_DROPPED_TOKENS_TOTAL, "rule" => rule.clone())
-            } else {
-                Counter::noop()
             },
             refusals_cached: counter!(REFUSALS_CACHED_TOTAL, "rule" => rule),
         }
@@ -309,11 +291,6 @@ pub(crate) fn store_ready(ready: bool) {
 /// Sets [`REDIS_EVICTION_UNSAFE`].
 pub(crate) fn eviction_unsafe(at_risk: bool) {
     gauge!(REDIS_EVICTION_UNSAFE).set(if at_risk { 1.0 } else { 0.0 });
-}
-
-/// Counts `tokens` of debt given up for `rule`, a rule no longer in force (its handle is gone).
-pub(crate) fn debt_dropped(rule: &str, tokens: u64) {
-    counter!(DEBT_DROPPED_TOKENS_TOTAL, "rule" => rule.to_owned()).increment(tokens);
 }
 
 /// The gauge [`FLEET_PROCESSES`] of `rule`.

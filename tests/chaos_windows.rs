@@ -210,14 +210,9 @@ async fn recovers(limiter: &Limiter) {
     }
 }
 
-/// What a window may hold through a fault: the limit, plus one per process. Each process's share of the window
-/// it last saw is its part of the `remaining` it saw; processes that saw the window a few ms apart (grants
-/// expiring from the log, and taken by the others, in between) may together hold a little more than it had left:
-/// 100-102 of 100 with the gate on the breaker, in runs on 2 shared cores (DESIGN invariant 16 asks for the limit
-/// itself; the fleet's own view of the window, kept in Redis, is what would close it).
-const SLACK: u64 = PROCESSES as u64;
-
-/// Prints the worst window of each rule and asserts that none held more than the limit and [`SLACK`].
+/// Prints the worst window of each rule and asserts that none held more than the limit. (Before 2026-11-28 each
+/// process sold a share of the window it last saw alone, and processes that saw it a few ms apart held up to
+/// 102 of 100 together: the runs were asserted within the limit plus one per process.)
 fn assert_within(name: &str, run: &Run) {
     let w = i64::try_from(WINDOW.as_millis()).expect("ms");
     let (fixed, fixed_at) = run.fixed.worst_calendar_window(w);
@@ -233,14 +228,8 @@ fn assert_within(name: &str, run: &Run) {
         run.by_fail_mode
     );
     assert!(run.by_fail_mode > 0, "{name}: the fault was decided by fail_mode");
-    assert!(
-        fixed <= LIMIT + SLACK,
-        "{name}: a fixed window held {fixed} > {LIMIT} + {SLACK}"
-    );
-    assert!(
-        log <= LIMIT + SLACK,
-        "{name}: the log held {log} > {LIMIT} + {SLACK} in {WINDOW:?}"
-    );
+    assert!(fixed <= LIMIT, "{name}: a fixed window held {fixed} > {LIMIT}");
+    assert!(log <= LIMIT, "{name}: the log held {log} > {LIMIT} in {WINDOW:?}");
     // The run did admit: at least the limit in most windows of the healthy stretches.
     let healthy = (BEFORE + AFTER).as_secs_f64() / WINDOW.as_secs_f64();
     for (rule, n) in [("fixed", total(&run.fixed)), ("log", total(&run.log))] {

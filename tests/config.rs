@@ -9,7 +9,7 @@ fn the_shipped_config_is_valid() {
     let config = Config::from_path(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).expect("config.toml");
     let redis = config.redis.as_ref().expect("[redis]");
     assert_eq!(redis.timeout, Duration::from_millis(50));
-    assert_eq!(config.fail_mode, FailMode::Local);
+    assert_eq!(config.fail_mode, FailMode::Closed);
     assert_eq!(config.serve, tokenlease::ServeConfig::default());
     assert_eq!(
         (config.serve.header_read_timeout, config.serve.idle_timeout),
@@ -268,4 +268,14 @@ fn an_error_far_down_a_large_file_names_its_line() {
     text.push_str("limit = \n");
     let err = Config::from_toml(&text).expect_err("syntax").to_string();
     assert!(err.contains(":30007"), "{err}");
+}
+
+/// A config written when `local` sold on credit still loads, with the stricter meaning (it decides as `closed`),
+/// and `closed` is what a config that says nothing gets.
+#[test]
+fn fail_mode_local_still_loads_and_closed_is_the_default() {
+    let local = Config::from_toml("[redis]\nurl = \"redis://127.0.0.1:6379\"\nfail_mode = \"local\"\n").expect("local");
+    assert_eq!(local.fail_mode, FailMode::Local);
+    let unsaid = Config::from_toml("[redis]\nurl = \"redis://127.0.0.1:6379\"\n").expect("unsaid");
+    assert_eq!(unsaid.fail_mode, FailMode::Closed);
 }

@@ -425,13 +425,13 @@ fn the_checks_see_arrows_and_loops() {
     );
     assert_eq!(absolute(&child, &child.uses[0].0), Some(vec!["x".into(), "W".into()]));
     assert!(child.paths.is_empty(), "{:?}", child.paths);
-    // The real crate: the lease engine uses the fallback, the windows' fail mode the `Fallback` of its module
-    // root and the windows' state, the Redis connections and the eviction watch the store's target; re-exports
-    // are followed to the defining file (`crate::Error` is `error.rs`).
+    // The real crate: the lease engine uses the fallback, the in-process store's buckets the `MemoryStore` of
+    // their module root and the hash's fields, the Redis connections and the eviction watch the store's target;
+    // re-exports are followed to the defining file (`crate::Error` is `error.rs`).
     let arrows = Crate::load().arrows();
     let has = |from: &str, to: &str| arrows.iter().any(|(f, t, _)| f == from && t == to);
-    assert!(has("lease/engine.rs", "fallback/mod.rs") && has("fallback/queue_mode.rs", "fallback/mod.rs"));
-    assert!(has("fallback/windows_mode.rs", "fallback/windows.rs"));
+    assert!(has("lease/engine.rs", "fallback/mod.rs") && has("store/memory/bucket.rs", "store/memory.rs"));
+    assert!(has("store/memory/bucket.rs", "store/memory/hash.rs"));
     assert!(has("rule/mod.rs", "error.rs"));
     assert!(has("store/connect.rs", "store/target.rs") && has("store/eviction.rs", "store/target.rs"));
 }

@@ -162,8 +162,7 @@ capacity = 100
 rate = 1
 per = "1h"
 lease = { min_batch = 10, max_batch = 10, ttl = "60s" }
-# Its debt counter and fleet gauge are in the dashboard.
-fail_mode = "local"
+# Its fleet gauge is in the dashboard.
 
 [[rule]]
 name = "like"

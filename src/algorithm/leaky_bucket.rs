@@ -1,5 +1,4 @@
-//! Leaky-bucket queue (GCRA), mirrored by `lua/leaky_bucket.lua`, `lua/leaky_return.lua` and
-//! `lua/leaky_charge.lua`.
+//! Leaky-bucket queue (GCRA), mirrored by `lua/leaky_bucket.lua` and `lua/leaky_return.lua`.
 //!
 //! Callers reserve the next slot of a schedule that leaks `rate` tokens every `per_ms`, and wait for it. The
 //! theoretical arrival time (TAT) is kept as whole milliseconds plus a fraction in units of `1 / rate` ms, so
@@ -35,15 +34,6 @@ fn ceil_div_i(a: i128, b: i128) -> i64 {
 }
 
 impl LeakyBucket {
-    /// One process's share of a schedule shared by `processes` processes: `rate` tokens every
-    /// `processes × per_ms`, which is `rate / processes` per period (exact), as [`super::TokenBucket::share`].
-    pub(crate) fn share(&self, processes: u64) -> Self {
-        Self {
-            rate: self.rate,
-            per_ms: self.per_ms.saturating_mul(processes.max(1)),
-        }
-    }
-
     /// Reserves `cost` tokens at `now_ms` when the slot starts within `max_wait_ms`; the reply's
     /// `retry_after_ms` is the wait for the slot (granted) or until the wait would fit (refused). Cost 0 is a
     /// peek: nothing reserved, `retry_after_ms` 0 when a slot would fit now.
@@ -138,55 +128,6 @@ impl LeakyBucket {
             remaining: 0,
             retry_after_ms: 0,
             reset_after_ms: ceil_div_i(tat, rate),
-            stamp: 0,
-        }
-    }
-    /// Charges slots released by one process's local queue under `fail_mode = "local"`: its local schedule ends
-    /// `ahead_ms` after `now_ms`, and the shared schedule's TAT moves to at least that (never back), so nobody
-    /// reserves a slot before the local ones have run. The charge sets a time rather than adding an amount, so
-    /// applying it twice (a retry of a charge that timed out after it was applied) is applying it once. The last
-    /// reservation can no longer be handed back (`tail` is cleared): that would move the TAT back into the
-    /// charged slots. `granted` is 1 when the TAT moved, 0 when the schedule already ran that far;
-    /// `reset_after_ms` is until the queue is empty.
-    pub fn charge(&self, state: &mut Option<Tat>, ahead_ms: u64, now_ms: u64) -> Reply {
-        let rate = i128::from(self.rate);
-        // The TAT relative to now, in units of 1 / rate ms (the one it was counted in converted, as `reserve`).
-        let wait: i128 = state.as_ref().map_or(0, |t| {
-            let frac = if t.rate != self.rate && t.rate > 0 {
-                i128::from(t.frac) * rate / i128::from(t.rate)
-            } else {
-                i128::from(t.frac)
-            };
-            if t.ms > now_ms || (t.ms == now_ms && frac > 0) {
-                (i128::from(t.ms) - i128::from(now_ms)) * rate + frac
-            } else {
-                0
-            }
-        });
-        let target = i128::from(ahead_ms) * rate;
-        if target <= wait {
-            if let Some(t) = state.as_mut() {
-                t.tail.clear();
-            }
-            return Reply {
-                granted: 0,
-                remaining: 0,
-                retry_after_ms: 0,
-                reset_after_ms: ceil_div_i(wait, rate),
-                stamp: 0,
-            };
-        }
-        *state = Some(Tat {
-            ms: now_ms.saturating_add(ahead_ms),
-            frac: 0,
-            rate: self.rate,
-            tail: String::new(),
-        });
-        Reply {
-            granted: 1,
-            remaining: 0,
-            retry_after_ms: 0,
-            reset_after_ms: ms(ahead_ms),
             stamp: 0,
         }
     }

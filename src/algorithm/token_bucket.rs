@@ -99,16 +99,6 @@ impl TokenBucket {
         level.div_euclid(ms(self.per_ms))
     }
 
-    /// One process's share of a bucket shared by `processes` processes: `capacity / processes` tokens (at least
-    /// 1), refilled at `rate / processes` per period, which is `rate` per `processes × per` (exact).
-    pub(crate) fn share(&self, processes: u64) -> Self {
-        Self {
-            capacity: (self.capacity / processes.max(1)).max(1),
-            rate: self.rate,
-            per_ms: self.per_ms.saturating_mul(processes.max(1)),
-        }
-    }
-
     /// Whether every quantity stays exact in Lua's doubles (capacity × per_ms below 2^53).
     pub(crate) fn is_exact_in_lua(&self) -> bool {
         self.capacity.checked_mul(self.per_ms).is_some_and(|v| v < MAX_EXACT)

@@ -3,8 +3,6 @@
 //!
 //! Each `take` works on the in-process form of the state (the Redis form is a ZSET, a hash of start and
 //! count, a hash of sub-bucket counters) and gives the same [`Reply`] as its script, to the millisecond.
-//! Each `charge` writes back what a process admitted alone under `fail_mode = "local"` (mirrored by
-//! `lua/window_charge.lua`): the admissions at the times they were made, those whose window has passed dropped.
 
 use std::collections::VecDeque;
 
@@ -27,21 +25,6 @@ fn freed_at(leaving: impl Iterator<Item = (u64, u64)>, mut need: u64, now_ms: u6
 fn peeked(remaining: u64, reset_after_ms: u64) -> Reply {
     Reply {
         granted: 0,
-        remaining,
-        retry_after_ms: 0,
-        reset_after_ms: ms(reset_after_ms),
-        stamp: 0,
-    }
-}
-
-/// Tokens a process admitted alone under `fail_mode = "local"`, written back by a `charge`: `(ms it was admitted
-/// at, tokens)`, on the store's clock.
-pub type Admitted = [(u64, u64)];
-
-/// The reply to a charge: the tokens written, and the window as a peek would see it.
-fn charged(granted: u64, remaining: u64, reset_after_ms: u64) -> Reply {
-    Reply {
-        granted,
         remaining,
         retry_after_ms: 0,
         reset_after_ms: ms(reset_after_ms),
@@ -103,30 +86,6 @@ impl SlidingLog {
             NEVER
         };
         ban.refuse(ban_ms, now_ms, remaining, retry_after, reset_after)
-    }
-
-    /// Writes back `admitted` at `now_ms`: each grant still in the window `(now − window_ms, now]` joins the log at
-    /// its time (the store's members make a retried charge a no-op); older ones are dropped. The reply's `granted`
-    /// is the tokens written.
-    pub fn charge(&self, log: &mut Log, admitted: &Admitted, now_ms: u64) -> Reply {
-        while log
-            .front()
-            .is_some_and(|(t, _)| t.saturating_add(self.window_ms) <= now_ms)
-        {
-            log.pop_front();
-        }
-        let mut written = 0;
-        for &(at, n) in admitted {
-            if n == 0 || at > now_ms || at.saturating_add(self.window_ms) <= now_ms {
-                continue;
-            }
-            let i = log.partition_point(|(t, _)| *t <= at);
-            log.insert(i, (at, n));
-            written += n;
-        }
-        let count: u64 = log.iter().map(|(_, n)| n).sum();
-        let reset_after = log.back().map_or(0, |(t, _)| t + self.window_ms - now_ms);
-        charged(written, self.limit.saturating_sub(count), reset_after)
     }
 }
 
@@ -210,49 +169,7 @@ impl FixedWindow {
     }
 }
 
-impl FixedWindow {
-    /// Writes back `admitted` at `now_ms`: the grants made in the window holding `now` are added to its count;
-    /// the others belong to windows that have passed and are dropped. A rolling window that has ended is opened
-    /// again at the first grant still less than a window old (as that grant would have opened it). The reply's
-    /// `granted` is the tokens written.
-    pub fn charge(&self, state: &mut WindowCount, admitted: &Admitted, now_ms: u64) -> Reply {
-        let (now, w) = (ms(now_ms), ms(self.window_ms));
-        let recent = || {
-            admitted
-                .iter()
-                .map(|&(at, n)| (ms(at), n))
-                .filter(|&(at, n)| n > 0 && at <= now)
-        };
-        let (start, end) = match self.frame {
-            Frame::Between(start, end) => {
-                open_at(state, start);
-                (start, end)
-            }
-            Frame::Rolling => match state.start_ms {
-                Some(s) if now >= s && now < s + w => (s, s + w),
-                _ => match recent().map(|(at, _)| at).filter(|at| at + w > now).min() {
-                    Some(first) => {
-                        open_at(state, first);
-                        (first, first + w)
-                    }
-                    // Nothing left to write, and no window open: as a missing key.
-                    None => return charged(0, self.limit, 0),
-                },
-            },
-        };
-        let written: u64 = recent()
-            .filter(|&(at, _)| at >= start && at < end)
-            .map(|(_, n)| n)
-            .sum();
-        state.count += written;
-        let reset_after = if state.count > 0 {
-            u64::try_from(end - now).unwrap_or(0)
-        } else {
-            0
-        };
-        charged(written, self.limit.saturating_sub(state.count), reset_after)
-    }
-}
+impl FixedWindow {}
 
 /// Makes `start` the window of `state`: a window that is not the stored one starts at 0.
 fn open_at(state: &mut WindowCount, start: i64) {
@@ -323,33 +240,5 @@ impl SlidingWindow {
             NEVER
         };
         ban.refuse(ban_ms, now_ms, remaining, retry_after, reset_after)
-    }
-
-    /// Writes back `admitted` at `now_ms`: each grant is added to the sub-bucket of its time while that
-    /// sub-bucket is still counted; older ones are dropped. The reply's `granted` is the tokens written.
-    pub fn charge(&self, subs: &mut SubBuckets, admitted: &Admitted, now_ms: u64) -> Reply {
-        let n = self.sub_buckets;
-        let sub = self.window_ms / n;
-        let cur = now_ms / sub;
-        subs.retain(|(i, _)| i + n > cur);
-        let mut written = 0;
-        for &(at, tokens) in admitted {
-            let i = at / sub;
-            if tokens == 0 || at > now_ms || i + n <= cur {
-                continue;
-            }
-            match subs.iter_mut().find(|(j, _)| *j == i) {
-                Some((_, c)) => *c += tokens,
-                None => {
-                    subs.push_back((i, tokens));
-                    subs.make_contiguous().sort_unstable();
-                }
-            }
-            written += tokens;
-        }
-        let live = subs.iter().filter(|(i, _)| *i <= cur);
-        let count: u64 = live.clone().map(|(_, c)| c).sum();
-        let reset_after = live.map(|(i, _)| *i).max().map_or(0, |i| (i + n) * sub - now_ms);
-        charged(written, self.limit.saturating_sub(count), reset_after)
     }
 }

@@ -47,12 +47,12 @@ pub struct RedisConfig {
     /// Timeout of every Redis call (humantime, e.g. `"5ms"`).
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
-    /// What to do when Redis fails: `open`, `closed` or `local`.
+    /// What to do when Redis fails: `open`, `closed` (the default) or `local` (as `closed`).
     #[serde(default)]
     pub fail_mode: FailMode,
-    /// How many processes share the limits until a rule's roster in Redis first answers (invariant 17): from
-    /// then on every share of the rule (a lease's fair share of the burst, the `fail_mode = "local"` share)
-    /// divides by the live count the processes' beats keep there, whatever this says.
+    /// How many processes share a leased rule's burst until its roster in Redis first answers (invariant 17):
+    /// from then on a hot key's fair share of the burst divides by the live count the processes' beats keep
+    /// there, whatever this says.
     #[serde(default = "default_expected_processes")]
     pub expected_processes: u32,
 }

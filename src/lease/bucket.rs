@@ -262,7 +262,7 @@ impl LocalBucket {
     /// Returns `false`, adding nothing, when the bucket is retired or the first chunk's deadline has already
     /// passed (a late reply): the caller gives the grant back.
     #[must_use = "a grant that is not added must be given back"]
-    pub(crate) fn add(&self, grant: &Reply, (sent_ns, failures): (u64, u64), plan: LeasePlan, now_ns: u64) -> bool {
+    pub(crate) fn add(&self, grant: &Reply, sent_ns: u64, plan: LeasePlan, now_ns: u64) -> bool {
         let ttl_ns = nanos(self.lease.ttl);
         let deadline_ns = sent_ns.saturating_add(ttl_ns);
         let mut book = self.lock();
@@ -270,9 +270,7 @@ impl LocalBucket {
             return false;
         }
         Self::attribute(&mut book, self.tokens.total());
-        let first = book
-            .schedule
-            .split((grant.granted, grant.stamp), plan.pace, (sent_ns, failures));
+        let first = book.schedule.split((grant.granted, grant.stamp), plan.pace, sent_ns);
         book.batches.push_back(Batch {
             tokens: first.tokens,
             deadline_ns,
@@ -367,15 +365,14 @@ impl LocalBucket {
     }
 
     /// Releases the scheduled chunks that are due, then removes the tokens whose deadline has passed and
-    /// returns how many, to be given back, with the chunks dropped because the store failed since their lease
-    /// was sent (`failures`, the store's failure count now: [`Schedule::since`]).
+    /// returns how many, to be given back. Chunks are released whatever the store does: they are escrow
+    /// ([`Schedule`]).
     ///
     /// Callers taking tokens meanwhile take the oldest first, so what is removed may include tokens of a live
     /// batch: those go back to the shared bucket too, never spent twice.
-    pub(crate) fn expire(&self, now_ns: u64, failures: u64) -> Unspent {
+    pub(crate) fn expire(&self, now_ns: u64) -> Unspent {
         let mut book = self.lock();
         Self::attribute(&mut book, self.tokens.total());
-        let dropped = Unspent::of(&book.schedule.since(failures));
         let ttl_ns = nanos(self.lease.ttl);
         let mut released = 0;
         for chunk in book.schedule.due(now_ns) {
@@ -413,10 +410,8 @@ impl LocalBucket {
             book.turn_at_ns = 0;
             self.exhausted_until_ns.store(0, Ordering::Release);
         }
-        // A key whose chunks were dropped still leases no sooner than its turn and its last chunk (no lease out of
-        // turn), its callers refused locally meanwhile.
         self.publish_deadline(&book);
-        dropped.and(expired, since)
+        Unspent::default().and(expired, since)
     }
 
     /// Releases `cost` tokens of the next chunk of a paced lease now, ahead of its time, because a caller found
@@ -431,12 +426,11 @@ impl LocalBucket {
     /// shared bucket's pending line does, which a second paced lease would merge with its own and so over-count
     /// (256 processes at 1.5 times the rate sold 89 % of a 10 s bound without the wait, 96 % with it; waiting
     /// after a doubled demand too, 24 processes paced for 138 a second sold 122 of 367 a second: healthy seed
-    /// 270). Nothing is released once the store failed since the lease was sent (`failures`, the store's failure
-    /// count now): [`Self::expire`] drops those chunks. Returns whether tokens were released.
-    pub(crate) fn release_early(&self, cost: u64, (now_ns, failures): (u64, u64), alone: bool) -> bool {
+    /// 270). Through an outage too: the chunks are escrow ([`Schedule`]). Returns whether tokens were released.
+    pub(crate) fn release_early(&self, cost: u64, now_ns: u64, alone: bool) -> bool {
         let mut book = self.lock();
         let last_ns = book.schedule.last_ns().unwrap_or(0);
-        let Some(chunk) = book.schedule.take_early(cost, failures) else {
+        let Some(chunk) = book.schedule.take_early(cost) else {
             return false;
         };
         // Spent in under half the time its chunks span: the demand at least doubled since the lease was planned.

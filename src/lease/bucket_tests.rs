@@ -39,28 +39,28 @@ fn grant(tokens: u64) -> Reply {
 fn expiry_gives_back_only_what_older_batches_left() {
     let b = local_bucket();
     let plan = b.plan(1000, 1, 0);
-    assert!(b.add(&grant(10), (0, 0), plan, 0));
+    assert!(b.add(&grant(10), 0, plan, 0));
     assert!(matches!(b.try_take(4, 10 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 6);
-    assert!(b.add(&grant(10), (100 * MS, 0), plan, 100 * MS));
+    assert!(b.add(&grant(10), 100 * MS, plan, 100 * MS));
     assert!(
-        !b.add(&grant(10), (0, 0), plan, 250 * MS),
+        !b.add(&grant(10), 0, plan, 250 * MS),
         "a reply after its deadline is not added"
     );
     // 16 left: 6 of the first batch, 10 of the second. At 200 ms the first batch's 6 expire.
-    assert_eq!(b.expire(200 * MS - 1, 0).tokens, 0);
-    assert_eq!(b.expire(200 * MS, 0).tokens, 6);
+    assert_eq!(b.expire(200 * MS - 1).tokens, 0);
+    assert_eq!(b.expire(200 * MS).tokens, 6);
     assert_eq!(b.available(), 10);
     assert!(matches!(b.try_take(3, 201 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 7);
-    assert_eq!(b.expire(300 * MS, 0).tokens, 7);
+    assert_eq!(b.expire(300 * MS).tokens, 7);
     assert_eq!(b.available(), 0);
     assert!(!b.has_expired(10_000 * MS), "nothing left to expire");
-    assert!(b.add(&grant(5), (10_000 * MS, 0), plan, 10_000 * MS));
+    assert!(b.add(&grant(5), 10_000 * MS, plan, 10_000 * MS));
     assert_eq!(b.drain().tokens, 5);
     assert!(!b.claim_lease(), "a retired bucket starts no lease");
     assert!(
-        !b.add(&grant(10), (10_001 * MS, 0), plan, 10_001 * MS),
+        !b.add(&grant(10), 10_001 * MS, plan, 10_001 * MS),
         "nor takes a grant: it goes back"
     );
 }
@@ -79,14 +79,14 @@ fn slow_saturated() -> LocalBucket {
 }
 
 /// [`slow_saturated`] with a paced grant of 35 tokens (`grant`'s other fields as given) added to it: the lease
-/// sent at 100 ms when the store had failed `failures` calls, its reply 1 ms later. The first chunk (10) is
+/// sent at 100 ms, its reply 1 ms later. The first chunk (10) is
 /// spendable; 10 are released at 200 ms, 10 at 300 ms and 5 at 400 ms. Returns it with the lease's plan.
-fn paced_35(reply: Reply, failures: u64) -> (LocalBucket, LeasePlan) {
+fn paced_35(reply: Reply) -> (LocalBucket, LeasePlan) {
     let b = slow_saturated();
     let sent = 100 * MS;
     let plan = b.plan(2, 1, sent);
     let granted = Reply { granted: 35, ..reply };
-    assert!(b.add(&granted, (sent, failures), plan, sent + MS));
+    assert!(b.add(&granted, sent, plan, sent + MS));
     (b, plan)
 }
 
@@ -147,7 +147,7 @@ fn no_decision_in_half_a_ttl_reads_as_a_slow_demand_not_an_unknown_one() {
 
 #[test]
 fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
-    let (b, plan) = paced_35(grant(35), 0);
+    let (b, plan) = paced_35(grant(35));
     let sent = 100 * MS;
     // The first chunk at once; the next at 200 ms, 300 ms and (the last 5) 400 ms.
     assert_eq!((b.available(), b.scheduled()), (10, 25));
@@ -159,12 +159,12 @@ fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     assert!(!b.below_watermark(0, 150 * MS), "no lease while chunks are to come");
     assert!(!b.has_expired(200 * MS - 1));
     assert!(b.has_expired(200 * MS));
-    assert_eq!(b.expire(200 * MS, 0).tokens, 0);
+    assert_eq!(b.expire(200 * MS).tokens, 0);
     assert_eq!((b.available(), b.scheduled()), (10, 15));
     // Unspent, the chunk released at 200 ms goes back at 400 ms, when the last chunk comes.
-    assert_eq!(b.expire(400 * MS, 0).tokens, 10);
+    assert_eq!(b.expire(400 * MS).tokens, 10);
     assert_eq!((b.available(), b.scheduled()), (15, 0));
-    assert!(b.add(&grant(30), (400 * MS, 0), plan, 401 * MS));
+    assert!(b.add(&grant(30), 400 * MS, plan, 401 * MS));
     // Drained: what is left and what was still to come go back.
     assert_eq!(b.drain().tokens, 15 + 30);
 }
@@ -175,29 +175,29 @@ fn a_demand_that_outruns_the_pace_takes_the_chunks_early_then_waits_for_its_turn
         retry_after_ms: 500,
         ..grant(35)
     };
-    let (b, _) = paced_35(handed_a_turn, 0);
+    let (b, _) = paced_35(handed_a_turn);
     let sent = 100 * MS;
     assert_eq!(b.try_take(10, sent + 2 * MS), Take::Taken { remaining: 0 });
     // A burst at 120 ms: the chunks due at 200, 300 and 400 ms come now, each spent within the TTL from now.
     let now = 120 * MS;
     for (chunk, left) in [(10, 15), (10, 5), (5, 0)] {
         assert_eq!(b.try_take(1, now), Take::Empty);
-        assert!(b.release_early(chunk, (now, 0), true));
+        assert!(b.release_early(chunk, now, true));
         assert_eq!(b.scheduled(), left);
         assert_eq!(b.try_take(chunk, now), Take::Taken { remaining: 0 });
     }
     // All out: refused until the turn the bucket handed (101 ms + 500 ms), not the last chunk's time.
-    assert!(!b.release_early(1, (now, 0), true));
-    assert_eq!(b.expire(now + 200 * MS, 0).tokens, 0);
+    assert!(!b.release_early(1, now, true));
+    assert_eq!(b.expire(now + 200 * MS).tokens, 0);
     assert_eq!(b.try_take(1, now + 200 * MS), Take::Exhausted { retry_ns: 281 * MS });
     assert_eq!(b.try_take(1, 601 * MS), Take::Empty);
 }
 
 /// [`paced_35`] in a fleet, its first chunk spent at 102 ms and every other chunk taken early at `at_ns`.
 fn paced_35_spent_early_at(at_ns: u64) -> LocalBucket {
-    let (b, _) = paced_35(grant(35), 0);
+    let (b, _) = paced_35(grant(35));
     assert_eq!(b.try_take(10, 102 * MS), Take::Taken { remaining: 0 });
-    while b.release_early(5, (at_ns, 0), false) {
+    while b.release_early(5, at_ns, false) {
         assert!(matches!(b.try_take(5, at_ns), Take::Taken { .. }));
     }
     b
@@ -219,14 +219,6 @@ fn in_a_fleet_a_key_whose_chunks_came_early_leases_after_the_last_ones_time() {
 fn in_a_fleet_a_key_whose_demand_doubled_leases_as_soon_as_its_chunks_are_out() {
     let b = paced_35_spent_early_at(240 * MS);
     assert_eq!(b.try_take(1, 240 * MS), Take::Empty, "leases now");
-}
-
-#[test]
-fn no_chunk_comes_early_once_the_store_failed_since_its_lease() {
-    let (b, _) = paced_35(grant(35), 3);
-    assert!(!b.release_early(1, (120 * MS, 4), false));
-    assert_eq!(b.scheduled(), 25, "left for expire to drop and give back");
-    assert!(b.release_early(1, (120 * MS, 3), false));
 }
 
 #[test]
@@ -253,25 +245,6 @@ fn a_first_lease_on_a_spent_bucket_waits_half_a_ttl_in_a_large_fleet_only() {
     assert!(matches!(spent.try_take(1, made + 2), Take::Exhausted { .. }));
     // Once only: the lease after the wait goes.
     assert_eq!(spent.first_lease_wait(1_000, until), None);
-}
-
-#[test]
-fn a_store_failure_since_the_lease_drops_the_chunks_to_come() {
-    // Sent when the store had failed 3 calls.
-    let (b, _) = paced_35(grant(35), 3);
-    assert_eq!(b.expire(150 * MS, 3).tokens, 0, "no failure since: nothing dropped");
-    assert_eq!(b.scheduled(), 25);
-    // A call failed since: the fleet may be selling from its local shares, which do not know these chunks.
-    // They go back and nothing more is released; the key leases no sooner than it would have (at 400 ms, when
-    // its last chunk was due), refusing locally meanwhile.
-    assert_eq!(b.expire(150 * MS, 4).tokens, 25);
-    assert_eq!((b.available(), b.scheduled()), (10, 0));
-    for t in 0..10 {
-        assert!(matches!(b.try_take(1, (151 + t) * MS), Take::Taken { .. }));
-    }
-    assert!(matches!(b.try_take(1, 170 * MS), Take::Exhausted { .. }));
-    assert_eq!(b.expire(500 * MS, 4).tokens, 0, "nothing released later");
-    assert_eq!(b.try_take(1, 500 * MS), Take::Empty);
 }
 
 #[test]
@@ -303,7 +276,7 @@ fn waiting_for_a_far_turn() -> LocalBucket {
         reset_after_ms: 1_000,
         stamp: 0,
     };
-    assert!(b.add(&turn, (1000 * MS, 0), plan, 1000 * MS));
+    assert!(b.add(&turn, 1000 * MS, plan, 1000 * MS));
     b
 }
 
@@ -360,7 +333,7 @@ fn a_granted_probe_ends_the_probing() {
     let lifted = lifted.expect("no decision after the lease: lifted");
     assert!(b.probing(lifted));
     let plan = b.plan(1000, 1, lifted);
-    assert!(b.add(&grant(10), (lifted, 0), plan, lifted));
+    assert!(b.add(&grant(10), lifted, plan, lifted));
     assert!(!b.probing(lifted), "granted: the next lease asks for a turn again");
     assert!(matches!(b.try_take(1, lifted), Take::Taken { .. }));
 }

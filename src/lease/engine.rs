@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::bucket::{LocalBucket, Take, Unspent, NEVER_RECHECK};
+use super::bucket::{LocalBucket, Take, Unspent};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -15,7 +15,7 @@ use crate::compiled::Compiled;
 use crate::config::ProcessConfig;
 use crate::decision::{Decision, Source};
 use crate::error::FailReason;
-use crate::fallback::{Fallback, Unsettled};
+use crate::fallback::Fallback;
 use crate::refusals::Refusals;
 use crate::rule::{Algorithm, Lease};
 use crate::store::call::{store_key, Call, Members};
@@ -255,16 +255,12 @@ impl Engine {
                 return Some((decision, true));
             }
             let alone = self.fallback.processes(&compiled.rule.name) == 1;
-            if local.release_early(cost, (now, self.store.failures()), alone) {
-                continue;
-            }
-            if local.scheduled() > 0 {
-                // Chunks of a lease sent before the store failed: dropped and given back, the caller refused.
-                self.expire(compiled, &local, now);
+            if local.release_early(cost, now, alone) {
                 continue;
             }
             if local.is_failing(now) {
-                return Some((self.fall_back(compiled, bucket, &local, cost), false));
+                // The key's last lease failed: its fail mode decides.
+                return Some((self.fallback.decide(compiled, local.fail_reason()), false));
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.
@@ -290,13 +286,6 @@ impl Engine {
                 return Some((refused_briefly(&local, clock.now_ns()), false));
             }
         }
-    }
-
-    /// Decides by the rule's fail mode while the key's last lease failed.
-    fn fall_back(&self, compiled: &Compiled, bucket: &TokenBucket, local: &LocalBucket, cost: u64) -> Decision {
-        let reason = local.fail_reason();
-        self.fallback
-            .decide(compiled, &unleased(bucket), &local.store_key, cost, reason)
     }
 
     /// Starts the key's lease in the background unless one is in flight; `false` when one already is, the
@@ -335,7 +324,6 @@ impl Engine {
             return;
         }
         let sent = clock.now_ns();
-        let failures = self.store.failures();
         // At most this process's share of the burst at once, so the others get theirs.
         let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
         let plan = local.plan(fair_share, cost, sent);
@@ -344,19 +332,7 @@ impl Engine {
         let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
             .paced(plan.pace)
             .with_timeout(self.store.timeouts.lease);
-        // What fail_mode local admitted alone is charged first, so this lease's answer counts it (invariant 12).
-        let modes = (compiled.fail_mode, &unleased);
-        let result = match self.fallback.run(modes, &local.store_key, &call).await {
-            Ok(reply) => Ok(reply),
-            Err(Unsettled::Failed(error)) => Err(error),
-            Err(wait) => {
-                // A charge of the key is in flight, or it was just charged and the other processes have yet to
-                // charge theirs: a grant now would not count them. Refused locally meanwhile.
-                let retry = wait.retry_after().unwrap_or(SLOW_LEASE_RETRY);
-                local.refused(retry, NEVER_RECHECK, Duration::ZERO, clock.now_ns());
-                return;
-            }
-        };
+        let result = self.store.run(&call).await;
         let now = clock.now_ns();
         tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, ?plan.pace, plan.turn, "lease");
         let m = &compiled.metrics;
@@ -370,7 +346,7 @@ impl Engine {
                 m.leased_tokens.increment(reply.granted);
                 self.leased_tokens.fetch_add(reply.granted, Ordering::Relaxed);
                 // The deadlines count from when the lease was sent: never later than the grant.
-                if self.background.is_closed() || !local.add(&reply, (sent, failures), plan, now) {
+                if self.background.is_closed() || !local.add(&reply, sent, plan, now) {
                     // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
                     let unspent = Unspent {
                         tokens: reply.granted,
@@ -393,7 +369,7 @@ impl Engine {
 
     /// Expires the key's overdue tokens and gives them back in the background.
     fn expire(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, now: u64) {
-        let unspent = local.expire(now, self.store.failures());
+        let unspent = local.expire(now);
         if unspent.tokens > 0 {
             let this = self.clone();
             let (compiled, local) = (compiled.clone(), local.clone());

@@ -138,8 +138,8 @@ fn an_expiry_racing_a_stealing_taker_keeps_no_token_of_an_expired_batch() {
         let plan = b.plan(1000, 1, 0);
         // Batch A: 6 tokens leased at 0 (spent by 200 ms); batch B: 2 leased at 100 ms (by 300 ms). Each is
         // spread over the two shards: 4 and 4.
-        assert!(b.add(&grant(6), (0, 0), plan, 0));
-        assert!(b.add(&grant(2), (100 * MS, 0), plan, 100 * MS));
+        assert!(b.add(&grant(6), 0, plan, 0));
+        assert!(b.add(&grant(2), 100 * MS, plan, 100 * MS));
         // 4 spent from shard 0, A's (first in, first out): A has 2 left and B 2, all in shard 1.
         assert!(matches!(b.try_take(4, 150 * MS), Take::Taken { .. }));
         // At 200 ms A expires while a taker at home on the dry shard 0 steals 2 of shard 1, spends 1 (one of A's)
@@ -151,7 +151,7 @@ fn an_expiry_racing_a_stealing_taker_keeps_no_token_of_an_expired_batch() {
                 b.try_take(1, 200 * MS)
             })
         };
-        let expired = b.expire(200 * MS, 0).tokens;
+        let expired = b.expire(200 * MS).tokens;
         let taken = match t.join().unwrap() {
             Take::Taken { .. } => 1,
             _ => 0,

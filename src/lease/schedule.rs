@@ -29,15 +29,14 @@ pub(crate) struct LeasePlan {
     pub pace: Pace,
 }
 
-/// Chunks released at a time, oldest first, and the store's failure count when their lease was sent.
+/// Chunks released at a time, oldest first.
 ///
-/// A store failure seen since drops the chunks not released yet ([`Schedule::since`]): while the store fails,
-/// the fleet sells from its `fail_mode = "local"` shares, which know the bucket's level but not its pending
-/// tokens, so chunks released on top of them could exceed the bound (invariant 12).
+/// The chunks are escrow: the shared bucket counted them as granted when the lease was answered (its pending
+/// line keeps its level within `capacity − pending`), so they are released on time whatever the store does
+/// meanwhile, through an outage too (invariant 12).
 #[derive(Debug, Default)]
 pub(crate) struct Schedule {
     chunks: VecDeque<Chunk>,
-    failures: u64,
 }
 
 /// Tokens released at a time.
@@ -55,8 +54,7 @@ impl Schedule {
     /// tokens each (the last one the rest), the i-th released at `sent_ns + i × chunk_ms`. Returns the first chunk
     /// (released at `sent_ns`, what is spendable at once) and schedules the others. A grant that is not paced, or
     /// fits in one chunk, is one chunk.
-    pub(crate) fn split(&mut self, (granted, stamp): (u64, u64), pace: Pace, (sent_ns, failures): (u64, u64)) -> Chunk {
-        self.failures = failures;
+    pub(crate) fn split(&mut self, (granted, stamp): (u64, u64), pace: Pace, sent_ns: u64) -> Chunk {
         let first = Chunk {
             at_ns: sent_ns,
             tokens: granted,
@@ -80,16 +78,6 @@ impl Schedule {
         }
     }
 
-    /// Drops the chunks not released yet when the store failed since their lease was sent (`failures`, the
-    /// store's failure count now, above the one then) and returns them, to be given back; none otherwise.
-    pub(crate) fn since(&mut self, failures: u64) -> Vec<Chunk> {
-        if failures > self.failures {
-            self.clear()
-        } else {
-            Vec::new()
-        }
-    }
-
     /// Takes the chunks released by `now_ns`, oldest first.
     pub(crate) fn due(&mut self, now_ns: u64) -> Vec<Chunk> {
         let n = self.chunks.iter().take_while(|c| c.at_ns <= now_ns).count();
@@ -97,12 +85,8 @@ impl Schedule {
     }
 
     /// Takes up to `tokens` of the next chunk, however far its release (the rest stays scheduled); `None` when
-    /// none is scheduled or the store failed since their lease was sent (`failures` above the count then:
-    /// [`Self::since`] drops them).
-    pub(crate) fn take_early(&mut self, tokens: u64, failures: u64) -> Option<Chunk> {
-        if failures > self.failures {
-            return None;
-        }
+    /// none is scheduled.
+    pub(crate) fn take_early(&mut self, tokens: u64) -> Option<Chunk> {
         let next = self.chunks.front_mut()?;
         if next.tokens > tokens {
             next.tokens -= tokens;
@@ -249,7 +233,7 @@ pub(crate) mod tests {
             chunk: 20,
             chunk_ms: 100,
         };
-        let first = s.split((70, 9), pace, (1_000 * MS, 0));
+        let first = s.split((70, 9), pace, 1_000 * MS);
         assert_eq!(
             first,
             Chunk {
@@ -278,14 +262,13 @@ pub(crate) mod tests {
                 }
             ]
         );
-        assert_eq!(s.since(0), vec![], "no failure since the lease was sent");
         assert_eq!(s.tokens(), 10);
         let left = Chunk {
             at_ns: 1_300 * MS,
             tokens: 10,
             stamp: 9,
         };
-        assert_eq!(s.since(1), vec![left], "a failure since: what is left goes back");
+        assert_eq!(s.clear(), vec![left], "a drain: what is left goes back");
         assert_eq!(s.next_ns(), None);
     }
 
@@ -356,7 +339,7 @@ pub(crate) mod tests {
             ),
         ] {
             assert_eq!(
-                s.split((granted, 3), pace, (5, 0)),
+                s.split((granted, 3), pace, 5),
                 Chunk {
                     at_ns: 5,
                     tokens: granted,

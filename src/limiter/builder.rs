@@ -64,8 +64,8 @@ impl LimiterBuilder {
         self
     }
 
-    /// What to do when the store fails, for rules that do not say (default `local`: each process enforces its
-    /// local share).
+    /// What to do when the store fails, for rules that do not say (default `closed`: refuse what the store did
+    /// not grant before the fault).
     pub fn fail_mode(mut self, mode: FailMode) -> Self {
         self.fail_mode = mode;
         self
@@ -77,9 +77,9 @@ impl LimiterBuilder {
         self
     }
 
-    /// Processes assumed to share the limits (default 4) until a rule's roster in the store first answers:
-    /// from then on the shares (lease batches capped at `capacity / n`, the local share under
-    /// `fail_mode = "local"`) divide by the live count of processes kept there ([`Limiter::processes`]).
+    /// Processes assumed to share a leased rule's burst (default 4) until its roster in the store first answers:
+    /// a hot key's lease is capped at `capacity / n`, `n` the live count of processes kept there from then on
+    /// ([`Limiter::processes`]).
     pub fn expected_processes(mut self, n: u32) -> Self {
         self.expected_processes = Some(n);
         self
@@ -137,20 +137,13 @@ impl LimiterBuilder {
         let background = Arc::new(Background::default());
         let store = Arc::new(Guarded::new(store, clock.clone(), Timeouts::from_call(timeout)));
         let members = Arc::new(self.member.map_or_else(Members::new, Members::named));
-        let shares = MemoryStore::with_clock(clock.clone());
         let fleet = Fleet::new(
             (members.name().to_owned(), key_prefix.clone()),
             u64::from(processes),
             store.clone(),
             clock.clone(),
         );
-        let fallback = Fallback::new(
-            (store.clone(), clock.clone()),
-            background.clone(),
-            (members.clone(), Arc::new(fleet)),
-            shares,
-            self.process.max_local_keys,
-        );
+        let fallback = Fallback::new(store.timeouts.backoff, background.clone(), Arc::new(fleet));
         let fallback = Arc::new(fallback);
         let refusals = Arc::new(Refusals::new(self.process.max_refused_keys));
         let queue = Queue {

@@ -1,5 +1,5 @@
-//! The limiter's life after building: the sweeper that expires leases and evicts idle keys, and shutdown,
-//! which gives every leased token back and charges what the local share admitted alone.
+//! The limiter's life after building: the sweeper that expires leases and evicts idle keys, the fleet's beats,
+//! and shutdown, which gives every leased token back.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -7,12 +7,6 @@ use std::time::Duration;
 use super::{Inner, Limiter};
 use crate::fleet::{BEAT, BEAT_SOON};
 use crate::lease::engine::Engine;
-use crate::telemetry;
-
-/// How long [`Limiter::shutdown`] keeps charging what `fail_mode = "local"` admitted alone, past the circuit
-/// breaker, every 100 ms, before it gives the rest up (logged per key and counted in
-/// `tokenlease_debt_dropped_tokens_total`): 5 s, within a Kubernetes pod's default 30 s grace period.
-pub(crate) const DEBT_PATIENCE: Duration = Duration::from_secs(5);
 
 /// How many rules beat at once ([`beats`]).
 const BEAT_LANES: usize = 32;
@@ -49,41 +43,33 @@ pub(super) async fn sweeper(inner: Weak<Inner>) {
 }
 
 /// Beats for every rule that joined its fleet ([`crate::fleet`]), every second (every 100 ms while cut off from
-/// the store or held), until the limiter is shut down or gone. Back from an outage and owing, a rule first beats
-/// unsettled (the fleet is held from then on, whoever calls first), charges every key that owes, then reports
-/// settled. The rules beat side by side: a store that hangs makes each beat wait up to a debit's timeout, and one
-/// after another they would come that many timeouts apart.
+/// the store), until the limiter is shut down or gone. The rules beat side by side: a store that hangs makes each
+/// beat wait up to a debit's timeout, and one after another they would come that many timeouts apart.
 pub(super) async fn beats(inner: Weak<Inner>) {
     loop {
-        let Some((fallback, background)) = inner
+        let Some((fleet, background)) = inner
             .upgrade()
-            .map(|i| (i.engine.fallback.clone(), i.engine.background.clone()))
+            .map(|i| (i.engine.fallback.fleet.clone(), i.engine.background.clone()))
         else {
             return;
         };
-        let fleet = fallback.fleet.clone();
         let mut pass = tokio::task::JoinSet::new();
         // At most this many rules beat at once: right after an outage every rule's beat comes at once.
         let lanes = Arc::new(tokio::sync::Semaphore::new(BEAT_LANES));
         for seen in fleet.joined() {
-            let (fleet, fallback, lanes) = (fleet.clone(), fallback.clone(), lanes.clone());
+            let (fleet, lanes) = (fleet.clone(), lanes.clone());
             pass.spawn(async move {
                 let _lane = lanes.acquire_owned().await;
-                let rule = seen.rule();
-                if fleet.is_back(&seen) && fallback.owes(rule) && fleet.beat(&seen, false).await.is_ok() {
-                    fallback.settle_rule(rule).await;
-                }
                 // A failed beat counts as a store failure: the next one is back, and soon.
-                let _ = fleet.beat(&seen, !fallback.owes(rule)).await;
+                let _ = fleet.beat(&seen, true).await;
                 fleet.is_urgent(&seen)
             });
         }
-        drop(fallback);
         let mut soon = false;
         loop {
             tokio::select! {
                 biased;
-                // Shut down: the pass's beats and charges finish on their own (shutdown charges what is left).
+                // Shut down: the pass's beats finish on their own.
                 _ = background.cancelled() => {
                     pass.detach_all();
                     return;
@@ -104,16 +90,14 @@ pub(super) async fn beats(inner: Weak<Inner>) {
 }
 
 impl Limiter {
-    /// One pass of the sweeper: expire overdue leases, evict idle keys, forget settled debits, update gauges.
+    /// One pass of the sweeper: expire overdue leases, evict idle keys, update gauges.
     fn sweep(&self) {
         self.inner.engine.sweep(&self.all_compiled());
-        self.inner.engine.fallback.sweep(self.inner.engine.process.idle_ttl);
     }
 
     /// Stops the limiter: later calls get [`crate::Error::ShutDown`]; leases in flight finish; every leased
-    /// token not spent is given back to the shared bucket, and what `fail_mode = "local"` admitted alone and is
-    /// not charged yet is charged to it, before this returns. Then the process leaves the rules' fleets it owes
-    /// nothing (one beat each, within a debit's timeout).
+    /// token not spent is given back to the shared bucket before this returns. Then the process leaves the rules'
+    /// fleets (one beat each, within a debit's timeout).
     pub async fn shutdown(&self) {
         let engine = &self.inner.engine;
         engine.background.close().await;
@@ -122,34 +106,9 @@ impl Limiter {
             let engine = engine.clone();
             returns.spawn(async move { engine.give_back(&compiled, &local, tokens).await });
         }
-        // What the local share admitted alone and is not charged yet is charged now, so a restart right after an
-        // outage is no second burst either: past the breaker (right after an outage it is still open), again and
-        // again for up to DEBT_PATIENCE. What is still owed then is logged and counted as dropped.
-        let fallback = Arc::clone(&engine.fallback);
-        let rules = self.all_compiled();
-        // The rules whose debt was given up: their fleets are not left.
-        let gave_up = Arc::new(dashmap::DashSet::<String>::new());
-        let gave_up_in = gave_up.clone();
-        returns.spawn(async move {
-            let dropped = |rule: &str, tokens: u64| {
-                gave_up_in.insert(rule.to_owned());
-                match rules.iter().find(|c| c.rule.name == rule) {
-                    Some(compiled) => compiled.metrics.debt_dropped.increment(tokens),
-                    None => telemetry::debt_dropped(rule, tokens),
-                }
-            };
-            tokio::join!(
-                fallback.settle_all(DEBT_PATIENCE, dropped),
-                fallback.settle_all_windows(DEBT_PATIENCE, dropped),
-                fallback.settle_all_queues(DEBT_PATIENCE)
-            );
-        });
         while returns.join_next().await.is_some() {}
-        // Settled, this process leaves its rules' fleets: the others count it out at once, and no hold waits for
-        // it or presumes it sold alone. A rule still owing, or whose debt was given up, stays, for the next hold to
-        // presume its debt.
+        // The others count this process out at once.
         let fallback = &engine.fallback;
-        let owes = |rule: &str| fallback.owes(rule) || gave_up.contains(rule);
-        fallback.fleet.leave(owes, engine.store.timeouts.debit).await;
+        fallback.fleet.leave(|_| false, engine.store.timeouts.debit).await;
     }
 }

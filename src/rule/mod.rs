@@ -23,10 +23,13 @@ pub use zone::{Calendar, Zone};
 pub enum FailMode {
     /// Allow every call (availability first).
     Open,
-    /// Refuse every call (the limit first).
-    Closed,
-    /// Each process enforces `1 / expected_processes` of the rule alone, in process, until the store answers.
+    /// Refuse every call (the limit first); the default. A hot key of a leased rule still spends what the store
+    /// granted it before the fault: its leased batches within their TTL and its paced chunks.
     #[default]
+    Closed,
+    /// As `closed`: a process sells only what the store granted it before the fault, never on credit. (Before
+    /// 2026-11-28 each process sold `1 / expected_processes` of the rule alone and charged it afterwards, which
+    /// could not keep the bound.) A config that says `local` keeps loading, with this meaning.
     Local,
 }
 

@@ -12,7 +12,6 @@ pub(crate) use super::script::Script;
 use arg::int;
 pub(crate) use arg::Arg;
 pub(crate) use members::Members;
-pub(crate) use window_charge::ChargedWindow;
 
 mod arg;
 mod fleet;
@@ -20,7 +19,6 @@ mod mark;
 mod members;
 mod token_bucket;
 pub(crate) use mark::{debit_mark_ms, GIVE_BACK_MARK_MS};
-mod window_charge;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +54,8 @@ pub(crate) enum Op {
     },
     /// `token_return.lua` with the debit's mark: charge `tokens` admitted alone, once only, however often the
     /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for
-    /// [`debit_mark_ms`]); the bucket is then held `hold_ms` (0: not held), refusing every take.
+    /// [`debit_mark_ms`]); the bucket is then held `hold_ms` (0: not held), refusing every take. Sent by tests only.
+    #[cfg_attr(not(test), allow(dead_code))]
     Debit {
         bucket: TokenBucket,
         tokens: u64,
@@ -107,21 +106,10 @@ pub(crate) enum Op {
         cost: u64,
         member: String,
     },
-    /// `leaky_charge.lua`: the shared schedule runs at least until `ahead_ms` from now, where the local schedule
-    /// of `fail_mode = "local"` ends (only the queue's rate is sent: the unit of its TAT's fraction).
-    LeakyCharge { queue: LeakyBucket, ahead_ms: u64 },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
     /// `fleet.lua`: a member's beat in a rule's roster (the call's key), answered with the count and the hold.
     Fleet(Beat),
-    /// `window_charge.lua`: write back to a window rule's state what `fail_mode = "local"` admitted alone; the
-    /// charge `id` makes a retry a no-op.
-    WindowCharge {
-        window: ChargedWindow,
-        id: String,
-        /// `(age_ms, tokens)`: tokens admitted `age_ms` before the call runs, on the store's clock.
-        admitted: Vec<(u64, u64)>,
-    },
 }
 
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
@@ -245,87 +233,59 @@ impl Call {
         Self::new(key, Op::LeakyReturn { queue, cost, member })
     }
 
-    /// `window_charge.lua`: write `admitted` (`(age_ms, tokens)`) back to the state of `key` under `window`,
-    /// as the charge `id` (a retry with the same id writes nothing more).
-    pub(crate) fn charge_window(
-        key: impl Into<String>,
-        window: ChargedWindow,
-        id: impl Into<String>,
-        admitted: Vec<(u64, u64)>,
-    ) -> Self {
-        let id = id.into();
-        Self::new(key, Op::WindowCharge { window, id, admitted })
-    }
-
-    /// The key of a window's charges beside the decided key (same hash tag).
-    pub(crate) fn charges_key(&self) -> String {
-        format!("{}:charges", self.key)
-    }
-
-    /// `leaky_charge.lua`: charge the queue with slots released alone under `fail_mode = "local"`, whose local
-    /// schedule ends `ahead_ms` from now.
-    pub(crate) fn charge_queue(key: impl Into<String>, queue: LeakyBucket, ahead_ms: u64) -> Self {
-        Self::new(key, Op::LeakyCharge { queue, ahead_ms })
-    }
-
     /// `reset.lua`: forget the state of `key` (bucket, log, window or queue) and its ban.
     pub(crate) fn reset(key: impl Into<String>) -> Self {
         Self::new(key, Op::Reset)
     }
 
     /// The call deciding `cost` tokens of `key` under `algorithm` at once (a leaky bucket answers whether a
-    /// slot is free now), with the limits divided by `share`: 1 for the shared limits, the expected processes
-    /// for `fail_mode = "local"`'s local share.
-    pub(crate) fn check(algorithm: &Algorithm, key: &str, cost: u64, share: u64, members: &Members) -> Self {
-        let part = |limit: u64| (limit / share.max(1)).max(1);
+    /// slot is free now).
+    pub(crate) fn check(algorithm: &Algorithm, key: &str, cost: u64, members: &Members) -> Self {
         match algorithm {
-            Algorithm::TokenBucket { bucket, ban_ms, .. } => Self::take_or_ban(key, bucket.share(share), cost, *ban_ms),
+            Algorithm::TokenBucket { bucket, ban_ms, .. } => Self::take_or_ban(key, *bucket, cost, *ban_ms),
             Algorithm::SlidingLog {
                 limit,
                 window_ms,
                 ban_ms,
-            } => Self::sliding_log(key, (*window_ms, part(*limit)), cost, *ban_ms, members.next()),
+            } => Self::sliding_log(key, (*window_ms, *limit), cost, *ban_ms, members.next()),
             Algorithm::FixedWindow {
                 limit,
                 window_ms,
                 calendar,
                 ban_ms,
-            } => Self::fixed_window(key, (*window_ms, part(*limit)), cost, *ban_ms, calendar.clone()),
+            } => Self::fixed_window(key, (*window_ms, *limit), cost, *ban_ms, calendar.clone()),
             Algorithm::SlidingWindow {
                 limit,
                 window_ms,
                 sub_buckets,
                 ban_ms,
-            } => Self::sliding_window(key, (*window_ms, part(*limit)), *sub_buckets, cost, *ban_ms),
+            } => Self::sliding_window(key, (*window_ms, *limit), *sub_buckets, cost, *ban_ms),
             Algorithm::LeakyBucket { rate, per_ms, .. } => {
                 let queue = LeakyBucket {
                     rate: *rate,
                     per_ms: *per_ms,
-                }
-                .share(share);
+                };
                 Self::reserve(key, queue, cost, 0, members.next())
             }
         }
     }
 
-    /// The call reserving `cost` tokens for an `acquire` whose wait is bounded by `max_wait_ms`, with the limits
-    /// divided by `share` as in [`Call::check`]; `None` for a rule that is neither a leaky nor a token bucket.
+    /// The call reserving `cost` tokens for an `acquire` whose wait is bounded by `max_wait_ms`; `None` for a rule
+    /// that is neither a leaky nor a token bucket.
     pub(crate) fn reservation(
         algorithm: &Algorithm,
         key: &str,
         cost: u64,
         max_wait_ms: u64,
-        share: u64,
         members: &Members,
     ) -> Option<Self> {
         match algorithm {
-            Algorithm::TokenBucket { bucket, .. } => Some(Self::acquire(key, bucket.share(share), cost, max_wait_ms)),
+            Algorithm::TokenBucket { bucket, .. } => Some(Self::acquire(key, *bucket, cost, max_wait_ms)),
             Algorithm::LeakyBucket { rate, per_ms, .. } => {
                 let queue = LeakyBucket {
                     rate: *rate,
                     per_ms: *per_ms,
-                }
-                .share(share);
+                };
                 Some(Self::reserve(key, queue, cost, max_wait_ms, members.next()))
             }
             _ => None,
@@ -379,9 +339,7 @@ impl Call {
             Op::SlidingWindow { .. } => Script::SlidingWindow,
             Op::LeakyBucket { .. } => Script::LeakyBucket,
             Op::LeakyReturn { .. } => Script::LeakyReturn,
-            Op::LeakyCharge { .. } => Script::LeakyCharge,
             Op::Reset => Script::Reset,
-            Op::WindowCharge { .. } => Script::WindowCharge,
             Op::Fleet(_) => Script::Fleet,
         }
     }
@@ -406,9 +364,6 @@ impl Call {
         if let Op::TokenReturn { id: Some(id), .. } = &self.op {
             return vec![self.key.clone(), format!("{}:return:{id}", self.key)];
         }
-        if let Op::WindowCharge { .. } = self.op {
-            return vec![self.key.clone(), self.charges_key()];
-        }
         if let Op::Fleet(_) = self.op {
             return vec![
                 self.key.clone(),
@@ -427,9 +382,7 @@ impl Call {
             | Op::TokenAcquire { .. }
             | Op::LeakyBucket { .. }
             | Op::LeakyReturn { .. }
-            | Op::WindowCharge { .. }
-            | Op::Fleet(_)
-            | Op::LeakyCharge { .. } => false,
+            | Op::Fleet(_) => false,
         };
         if banned {
             vec![self.key.clone(), self.ban_key()]
@@ -526,17 +479,6 @@ impl Call {
                 }
                 v
             }
-            Op::WindowCharge { window, id, admitted } => {
-                let bounds = match window {
-                    ChargedWindow::FixedWindow {
-                        window_ms,
-                        calendar: Some(Calendar::Zone(zone)),
-                        ..
-                    } => self.zone_bounds(zone, *window_ms),
-                    _ => [0; 4],
-                };
-                window.args(bounds, id, admitted)
-            }
             Op::SlidingWindow {
                 window_ms,
                 sub_buckets,
@@ -565,7 +507,6 @@ impl Call {
             Op::LeakyReturn { queue, cost, member } => {
                 vec![int(queue.rate), int(queue.per_ms), int(*cost), Arg::Str(member)]
             }
-            Op::LeakyCharge { queue, ahead_ms } => vec![int(queue.rate), int(*ahead_ms)],
             Op::Reset => Vec::new(),
             Op::Fleet(beat) => vec![
                 Arg::Str(&beat.member),

@@ -29,9 +29,9 @@ pub(crate) struct Timeouts {
     /// The timeout of a lease or a debit call itself: ten call timeouts, at least 100 ms. Longer than callers
     /// wait, since a lease that timed out after Redis granted it would strand its tokens.
     pub lease: Duration,
-    /// The timeout of a debit (what `fail_mode = "local"` admitted alone, charged): two lease timeouts. A debit is
-    /// applied once however often it is sent, so it may wait for a slow link (a round trip of up to a second at a
-    /// 50 ms call timeout) where a lease would time out: a process that slow still pays what it sold.
+    /// The timeout of a beat of the fleet's roster (and of a debit, which tests still send): two lease timeouts.
+    /// A beat is harmless when late, so it may wait for a slow link (a round trip of up to a second at a 50 ms
+    /// call timeout) where a lease would time out: a process that slow is still counted.
     pub debit: Duration,
     /// After a failed store call, a key is decided by `fail_mode` this long before the store is asked again.
     pub backoff: Duration,

@@ -1,14 +1,13 @@
 //! The in-process store: the embedded default when no Redis is configured, the `local` fail mode's state,
 //! and the second target of every store test. It runs the very math of [`crate::algorithm`].
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::call::{Call, ChargedWindow, Op};
+use super::call::{Call, Op};
 use super::{bad_args, check_sub_buckets, check_window, BoxFuture, Store};
 use crate::algorithm::fleet::Roster;
 use crate::algorithm::window::{Log, SubBuckets};
@@ -33,8 +32,6 @@ enum State {
     FixedWindow(WindowCount, Ban),
     SlidingWindow(SubBuckets, Ban),
     LeakyBucket(Tat),
-    /// The ids of the charges applied to a window (`window_charge.lua`'s second key).
-    Charges(BTreeSet<String>),
     /// A rule's roster (`fleet.lua`'s three keys in one entry).
     Roster(Roster),
 }
@@ -263,8 +260,6 @@ impl MemoryStore {
                 Err(bad_args(call, "rate and per_ms must be at least 1"))
             }
             Op::LeakyReturn { cost: 0, .. } => Err(bad_args(call, "cost must be at least 1")),
-            Op::LeakyCharge { queue, .. } if queue.rate == 0 => Err(bad_args(call, "rate must be at least 1")),
-            Op::LeakyCharge { queue, ahead_ms } => self.update_queue(key, now, |tat| queue.charge(tat, *ahead_ms, now)),
             Op::LeakyBucket {
                 queue,
                 cost,
@@ -274,7 +269,6 @@ impl MemoryStore {
             Op::LeakyReturn { queue, cost, member } => {
                 self.update_queue(key, now, |tat| queue.give_back(tat, *cost, member, now))
             }
-            Op::WindowCharge { window, id, admitted } => self.charge_window(call, window, id, admitted, now),
             Op::Fleet(beat) if beat.member.is_empty() || beat.keep_ms == 0 => {
                 Err(bad_args(call, "need a member and keep_ms >= 1"))
             }
@@ -312,95 +306,6 @@ impl MemoryStore {
                 let (start, end) = calendar.window(window_ms, wall);
                 Frame::Between(start - shift, end - shift)
             }
-        }
-    }
-
-    /// `window_charge.lua`: writes `admitted` (`(age_ms, tokens)`) back to the window of `call`'s key unless the
-    /// charge `id` was applied already (its ledger is a second key, kept 2 windows after the last charge).
-    fn charge_window(
-        &self,
-        call: &Call,
-        window: &ChargedWindow,
-        id: &str,
-        admitted: &[(u64, u64)],
-        now: u64,
-    ) -> Result<Reply, StoreError> {
-        let key = call.key.as_str();
-        let (w, limit) = match window {
-            ChargedWindow::FixedWindow { window_ms, limit, .. }
-            | ChargedWindow::SlidingWindow { window_ms, limit, .. }
-            | ChargedWindow::SlidingLog { window_ms, limit } => (*window_ms, *limit),
-        };
-        check_window(call, w, limit)?;
-        if let ChargedWindow::SlidingWindow { sub_buckets, .. } = window {
-            check_sub_buckets(call, w, *sub_buckets)?;
-        }
-        let admitted: Vec<(u64, u64)> = if self.first_charge(&call.charges_key(), id, now, w.saturating_mul(2)) {
-            admitted.iter().map(|&(age, n)| (now.saturating_sub(age), n)).collect()
-        } else {
-            Vec::new()
-        };
-        match window {
-            ChargedWindow::SlidingLog { .. } => {
-                let algo = SlidingLog { limit, window_ms: w };
-                self.update(key, now, |state| {
-                    let (mut log, ban) = match state {
-                        Some(State::SlidingLog(log, ban)) => (log, ban),
-                        _ => Default::default(),
-                    };
-                    let reply = algo.charge(&mut log, &admitted, now);
-                    let keep = !log.is_empty() || ban.until_ms > now;
-                    (keep.then_some(State::SlidingLog(log, ban)), reply)
-                })
-            }
-            ChargedWindow::FixedWindow { calendar, .. } => {
-                let algo = FixedWindow {
-                    limit,
-                    window_ms: w,
-                    frame: self.frame(call, calendar.as_ref(), w, now),
-                };
-                self.update(key, now, |state| {
-                    let (mut count, ban) = match state {
-                        Some(State::FixedWindow(count, ban)) => (count, ban),
-                        _ => Default::default(),
-                    };
-                    let reply = algo.charge(&mut count, &admitted, now);
-                    (Some(State::FixedWindow(count, ban)), reply)
-                })
-            }
-            ChargedWindow::SlidingWindow { sub_buckets, .. } => {
-                let algo = SlidingWindow {
-                    limit,
-                    window_ms: w,
-                    sub_buckets: *sub_buckets,
-                };
-                self.update(key, now, |state| {
-                    let (mut subs, ban) = match state {
-                        Some(State::SlidingWindow(subs, ban)) => (subs, ban),
-                        _ => Default::default(),
-                    };
-                    let reply = algo.charge(&mut subs, &admitted, now);
-                    let keep = !subs.is_empty() || ban.until_ms > now;
-                    (keep.then_some(State::SlidingWindow(subs, ban)), reply)
-                })
-            }
-        }
-    }
-
-    /// Records the charge `id` in the ledger `key`, kept `keep_ms` from `now`: whether it was not there yet.
-    fn first_charge(&self, key: &str, id: &str, now: u64, keep_ms: u64) -> bool {
-        let until = now.saturating_add(keep_ms);
-        let mut entry = self.map.entry(key.to_owned()).or_insert_with(|| Entry {
-            state: State::Charges(BTreeSet::new()),
-            expires_at_ms: until,
-        });
-        if entry.expires_at_ms <= now || !matches!(entry.state, State::Charges(_)) {
-            entry.state = State::Charges(BTreeSet::new());
-        }
-        entry.expires_at_ms = until;
-        match &mut entry.state {
-            State::Charges(ids) => ids.insert(id.to_owned()),
-            _ => false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The scripts of `lua/`: their names (the `script` metric label) and their source, loaded once per server
 //! (`redis.rs`) and mirrored by the in-process store (`memory.rs`).
 
-/// The scripts of `lua/`: one per algorithm, the give-backs, the charges of windows and queues, and `reset`.
+/// The scripts of `lua/`: one per algorithm, the give-backs, the fleet's roster and `reset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Script {
     TokenBucket,
@@ -12,16 +12,14 @@ pub(crate) enum Script {
     LeakyBucket,
     LeakyReturn,
     TokenAcquire,
-    LeakyCharge,
     Reset,
-    WindowCharge,
     Fleet,
     TokenLease,
 }
 
 impl Script {
     /// Every script, in declaration order (the index of its hash and of its metric handles).
-    pub(crate) const ALL: [Script; 13] = [
+    pub(crate) const ALL: [Script; 11] = [
         Self::TokenBucket,
         Self::TokenReturn,
         Self::SlidingLog,
@@ -30,9 +28,7 @@ impl Script {
         Self::LeakyBucket,
         Self::LeakyReturn,
         Self::TokenAcquire,
-        Self::LeakyCharge,
         Self::Reset,
-        Self::WindowCharge,
         Self::Fleet,
         Self::TokenLease,
     ];
@@ -48,9 +44,7 @@ impl Script {
             Self::LeakyBucket => "leaky_bucket",
             Self::LeakyReturn => "leaky_return",
             Self::TokenAcquire => "token_acquire",
-            Self::LeakyCharge => "leaky_charge",
             Self::Reset => "reset",
-            Self::WindowCharge => "window_charge",
             Self::Fleet => "fleet",
             Self::TokenLease => "token_lease",
         }
@@ -67,9 +61,7 @@ impl Script {
             Self::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
             Self::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
             Self::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
-            Self::LeakyCharge => include_str!("../../lua/leaky_charge.lua"),
             Self::Reset => include_str!("../../lua/reset.lua"),
-            Self::WindowCharge => include_str!("../../lua/window_charge.lua"),
             Self::Fleet => include_str!("../../lua/fleet.lua"),
             Self::TokenLease => include_str!("../../lua/token_lease.lua"),
         }

@@ -95,7 +95,9 @@ impl Call {
     /// `token_return.lua` with a mark: a debit of `tokens` that is applied once, however often it is sent with the
     /// same `id` (unique to the debit; it must not hold `}`), and then holds the bucket `hold_ms` (0: not at all;
     /// every take is refused until the hold ends, invariant 19). What a call sent again answers is what the first
-    /// charged, with the bucket as it is now.
+    /// charged, with the bucket as it is now. The limiter sends no debit since `fail_mode = "local"` sells only
+    /// what the store granted; the script's debit goes with the rest of the credit's Lua.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn debit(
         key: impl Into<String>,
         bucket: TokenBucket,

@@ -13,11 +13,6 @@ fn give_back(key: &str, rate: u64, per_ms: u64, cost: u64, member: &str, now: u6
     Call::release(key, LeakyBucket { rate, per_ms }, cost, member).at(now)
 }
 
-/// leaky_charge.lua: a queue of `rate` per second whose local schedule ends `ahead_ms` after `now`.
-fn charge(key: &str, rate: u64, ahead_ms: u64, now: u64) -> Call {
-    Call::charge_queue(key, LeakyBucket { rate, per_ms: 1000 }, ahead_ms).at(now)
-}
-
 fn leaky_table(p: &str) -> Vec<Step> {
     let k = |n: &str| format!("tl:{{q:{p}-{n}}}");
     let t0 = 1_700_000_000_000;
@@ -48,29 +43,6 @@ fn leaky_table(p: &str) -> Vec<Step> {
         (reserve(&k("c"), 10, 1000, 1, 0, "c1", t0), r(1, 0, 0, 100)),
         (reserve(&k("c"), 10, 1000, 1, 0, "c2", t0 + 40), r(0, 0, 60, 60)),
         (reserve(&k("c"), 10, 1000, 1, 0, "c3", t0 + 100), r(1, 0, 0, 100)),
-        // A charge of slots released alone (fail_mode local): the TAT moves to where the local schedule ends.
-        (reserve(&k("d"), 10, 1000, 1, 1000, "d1", t0), r(1, 10, 0, 100)),
-        (charge(&k("d"), 10, 500, t0), r(1, 0, 0, 500)),
-        // Sent again 5 ms later (it timed out after it was applied): the same end, nothing moves.
-        (charge(&k("d"), 10, 495, t0 + 5), r(0, 0, 0, 495)),
-        // Never back.
-        (charge(&k("d"), 10, 300, t0 + 10), r(0, 0, 0, 490)),
-        // The last reservation can no longer be handed back: that would move the TAT into the charged slots.
-        (give_back(&k("d"), 10, 1000, 1, "d1", t0 + 10), r(0, 0, 0, 490)),
-        (reserve(&k("d"), 10, 1000, 1, 1000, "d2", t0 + 10), r(1, 5, 490, 590)),
-        // A charge already behind the TAT moves nothing, but the last reservation is still no longer handed back:
-        // the TAT would move back before the charged end.
-        (reserve(&k("g"), 10, 1000, 1, 1000, "g1", t0), r(1, 10, 0, 100)),
-        (charge(&k("g"), 10, 50, t0), r(0, 0, 0, 100)),
-        (give_back(&k("g"), 10, 1000, 1, "g1", t0), r(0, 0, 0, 100)),
-        // A queue the store lost (or never had) is made by the charge.
-        (charge(&k("e"), 10, 250, t0), r(1, 0, 0, 250)),
-        (reserve(&k("e"), 10, 1000, 1, 1000, "e1", t0 + 50), r(1, 8, 200, 300)),
-        // 3 per second: the TAT is 333 1/3 ms; a charge to 333 ms is behind it, one to 334 ms moves it.
-        (reserve(&k("f"), 3, 1000, 1, 1000, "f1", t0), r(1, 3, 0, 334)),
-        (charge(&k("f"), 3, 333, t0), r(0, 0, 0, 334)),
-        (charge(&k("f"), 3, 334, t0), r(1, 0, 0, 334)),
-        (reserve(&k("f"), 3, 1000, 1, 1000, "f2", t0), r(1, 1, 334, 668)),
     ];
     steps.into_iter().map(|(call, reply)| step("", call, reply)).collect()
 }

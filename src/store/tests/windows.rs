@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use super::harness::{r, step, EveryStore, Step};
 use crate::rule::Calendar;
-use crate::store::call::ChargedWindow;
 use crate::store::{Call, MemoryStore, RedisStore, Store};
 
 static MEMBER: AtomicU64 = AtomicU64::new(0);
@@ -35,11 +34,6 @@ fn fixed(name: &str, window_ms: u64, limit: u64, cost: u64, ban_ms: u64, align_m
 /// sliding_window.lua: window_ms, sub_buckets, limit, cost, ban_ms, now_ms.
 fn counter(name: &str, window_ms: u64, subs: u64, limit: u64, cost: u64, now: u64) -> Call {
     Call::sliding_window(key(name), (window_ms, limit), subs, cost, 0).at(now)
-}
-
-/// window_charge.lua: the window, the charge id, `(age_ms, tokens)` admitted alone, now_ms.
-fn charge(name: &str, window: ChargedWindow, id: &str, admitted: &[(u64, u64)], now: u64) -> Call {
-    Call::charge_window(key(name), window, id, admitted.to_vec()).at(now)
 }
 
 async fn granted(store: &dyn Store, call: &Call) -> bool {
@@ -210,124 +204,6 @@ fn table(p: &str) -> Vec<Step> {
         r(1, 1, 0, 1_000),
     ));
     steps
-}
-
-/// What `fail_mode = "local"` admitted alone, written back (window_charge.lua): counted in the window it was
-/// admitted in, dropped once that window has passed, applied once per charge id, and refused accordingly.
-fn charges_table(p: &str) -> Vec<Step> {
-    let k = |n: &str| format!("{p}-{n}");
-    let calendar = ChargedWindow::FixedWindow {
-        window_ms: 10_000,
-        limit: 10,
-        calendar: Some(Calendar::Offset { align_ms: 0 }),
-    };
-    let rolling = ChargedWindow::FixedWindow {
-        window_ms: 1_000,
-        limit: 5,
-        calendar: None,
-    };
-    let log_w = ChargedWindow::SlidingLog {
-        window_ms: 1_000,
-        limit: 5,
-    };
-    let subs = ChargedWindow::SlidingWindow {
-        window_ms: 60_000,
-        sub_buckets: 6,
-        limit: 6,
-    };
-    let c1 = [(500, 3), (2_000, 2)];
-    vec![
-        // A calendar window of 10 per 10 s (T0 is a window's start): 4 granted, then 5 written back.
-        step(
-            "fw 4",
-            fixed(&k("fw"), 10_000, 10, 4, 0, 0, T0 + 1_000),
-            r(4, 6, 0, 9_000),
-        ),
-        step(
-            "fw charge",
-            charge(&k("fw"), calendar.clone(), "c1", &c1, T0 + 3_000),
-            r(5, 1, 0, 7_000),
-        ),
-        // The same charge again (a retry after a timeout that Redis had applied): nothing more.
-        step(
-            "fw retry",
-            charge(&k("fw"), calendar.clone(), "c1", &c1, T0 + 3_100),
-            r(0, 1, 0, 6_900),
-        ),
-        step(
-            "fw refused",
-            fixed(&k("fw"), 10_000, 10, 2, 0, 0, T0 + 3_200),
-            r(0, 1, 6_800, 6_800),
-        ),
-        // In the next window: what was admitted in the previous one is dropped.
-        step(
-            "fw next window",
-            charge(&k("fw"), calendar, "c2", &[(1_000, 3), (200, 2)], T0 + 10_500),
-            r(2, 8, 0, 9_500),
-        ),
-        // Rolling, 5 per second: no window open, the first grant less than a window old opens it.
-        step(
-            "rolling opens",
-            charge(&k("roll"), rolling.clone(), "r1", &[(300, 1), (100, 2)], T0),
-            r(3, 2, 0, 700),
-        ),
-        step(
-            "rolling 2",
-            fixed(&k("roll"), 1_000, 5, 2, 0, -1, T0 + 100),
-            r(2, 0, 0, 600),
-        ),
-        step(
-            "rolling passed",
-            charge(&k("roll"), rolling, "r2", &[(1_500, 1)], T0 + 2_000),
-            r(0, 5, 0, 0),
-        ),
-        // A sliding log of 5 per second: entries at their times, those a window old dropped.
-        step("log 2", log(&k("log"), 1_000, 5, 2, 0, T0), r(2, 3, 0, 1_000)),
-        step(
-            "log charge",
-            charge(&k("log"), log_w.clone(), "l1", &[(200, 2), (1_500, 4)], T0 + 500),
-            r(2, 1, 0, 800),
-        ),
-        step(
-            "log retry",
-            charge(&k("log"), log_w, "l1", &[(200, 2), (1_500, 4)], T0 + 600),
-            r(0, 1, 0, 700),
-        ),
-        step(
-            "log refused",
-            log(&k("log"), 1_000, 5, 2, 0, T0 + 600),
-            r(0, 1, 400, 700),
-        ),
-        step("log 1", log(&k("log"), 1_000, 5, 1, 0, T0 + 600), r(1, 0, 0, 1_000)),
-        // 6 per 60 s in 6 sub-buckets: each in its sub-bucket, one that has left dropped.
-        step(
-            "sw charge",
-            charge(
-                &k("sw"),
-                subs.clone(),
-                "s1",
-                &[(20_000, 2), (0, 1), (70_000, 1)],
-                T0 + 25_000,
-            ),
-            r(3, 3, 0, 55_000),
-        ),
-        step(
-            "sw refused",
-            counter(&k("sw"), 60_000, 6, 6, 4, T0 + 25_000),
-            r(0, 3, 35_000, 55_000),
-        ),
-        step(
-            "sw retry",
-            charge(&k("sw"), subs, "s1", &[(20_000, 2), (0, 1), (70_000, 1)], T0 + 26_000),
-            r(0, 3, 0, 54_000),
-        ),
-    ]
-}
-
-#[tokio::test]
-async fn charges_table_on_every_store() {
-    let stores = EveryStore::start();
-    stores.replay(charges_table).await;
 }
 
 /// Seed 001: "10 per 5 minutes" with SET + EXPIRE windows lets 20 posts through within a few seconds around
