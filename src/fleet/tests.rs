@@ -21,16 +21,9 @@ fn fleet_of_four(clock: &FakeClock) -> Vec<Fleet> {
         .collect()
 }
 
-/// The tests' rule: a token bucket of 100 refilled at 10 a second (10 s from empty).
-fn sale() -> crate::rule::Algorithm {
-    crate::Rule::token_bucket("sale", 100, 10, Duration::from_secs(1))
-        .expect("rule")
-        .algorithm
-}
-
 async fn beat(fleet: &Fleet) -> u64 {
     let count = fleet
-        .beat(&fleet.seen("sale"), true)
+        .beat(&fleet.seen("sale"))
         .await
         .expect("the in-process store answers");
     count.processes
@@ -45,8 +38,8 @@ async fn a_lower_count_is_taken_only_once_the_answers_showed_it_for_live() {
     }
     assert!(fleet.iter().all(|m| m.processes("sale") == 4));
     // An outage of 5 s: nobody is heard. The first member back finds the others unheard for longer than the
-    // live window and is answered a count of one; dividing its local share by one would let it sell the
-    // shared level alone while its calls still fail.
+    // live window and is answered a count of one; dividing its fair share by one would let its first lease take
+    // the whole burst.
     clock.advance(Duration::from_secs(5));
     assert_eq!(beat(&fleet[0]).await, 1, "the roster's answer");
     assert_eq!(fleet[0].processes("sale"), 4, "a lower count is not taken at once");
@@ -103,11 +96,13 @@ async fn lower_answers_before_and_after_an_outage_do_not_add_up() {
 async fn a_rule_whose_roster_never_answered_fails_to_join_until_a_beat_is() {
     let clock = FakeClock::starting_at(Duration::from_secs(100));
     let fleet = fleet_of_four(&clock);
-    // Its first beat came and went unanswered: it knows neither the count nor whether a hold is on.
+    // Its first beat came and went unanswered: it does not know the count, and beats soon.
     let _ = fleet[0].seen("sale").joined.set(());
-    assert!(fleet[0].join("sale", &sale()).await.is_err());
+    assert!(fleet[0].join("sale").await.is_err());
+    assert!(fleet[0].is_urgent(&fleet[0].seen("sale")));
     beat(&fleet[0]).await;
-    assert!(fleet[0].join("sale", &sale()).await.is_ok());
+    assert!(fleet[0].join("sale").await.is_ok());
+    assert!(!fleet[0].is_urgent(&fleet[0].seen("sale")));
 }
 
 #[tokio::test]
@@ -115,14 +110,14 @@ async fn no_beat_puts_a_member_back_on_a_roster_it_left() {
     let clock = FakeClock::starting_at(Duration::from_secs(100));
     let fleet = fleet_of_four(&clock);
     for member in &fleet[..2] {
-        member.join("sale", &sale()).await.expect("answered");
+        member.join("sale").await.expect("answered");
     }
     assert_eq!(beat(&fleet[1]).await, 2);
-    fleet[0].leave(|_| false, Duration::from_secs(1)).await;
+    fleet[0].leave(Duration::from_secs(1)).await;
     assert_eq!(beat(&fleet[1]).await, 1, "m0 left");
     // A beat of m0's that comes after (a pass of the beats loop still under way at shutdown) is not sent: it
-    // would count m0 again, and the next hold would wait for it and presume it.
-    let late = fleet[0].beat(&fleet[0].seen("sale"), true).await;
+    // would count m0 again for the live window.
+    let late = fleet[0].beat(&fleet[0].seen("sale")).await;
     assert!(late.is_err(), "{late:?}");
     assert_eq!(beat(&fleet[1]).await, 1, "m0 is not back");
 }

@@ -313,10 +313,9 @@ impl Engine {
         let _finish = Finish(local);
         let bucket = &local.bucket;
         let clock = &self.clock;
-        // The fleet's count divides the fair share (invariant 17): a rule's first lease waits for it.
-        let unleased = unleased(bucket);
-        // Not answered: the fair share divides by `expected_processes`, and a `local` rule's lease fails below.
-        let _ = self.fallback.fleet.join(&compiled.rule.name, &unleased).await;
+        // The fleet's count divides the fair share (invariant 17): a rule's first lease waits for it. Not
+        // answered: the fair share divides by `expected_processes`.
+        let _ = self.fallback.fleet.join(&compiled.rule.name).await;
         if local
             .first_lease_wait(self.fallback.processes(&compiled.rule.name), clock.now_ns())
             .is_some()

@@ -42,8 +42,8 @@ pub(super) async fn sweeper(inner: Weak<Inner>) {
     }
 }
 
-/// Beats for every rule that joined its fleet ([`crate::fleet`]), every second (every 100 ms while cut off from
-/// the store), until the limiter is shut down or gone. The rules beat side by side: a store that hangs makes each
+/// Beats for every rule that joined its fleet ([`crate::fleet`]), every second (every 100 ms while its beats
+/// fail), until the limiter is shut down or gone. The rules beat side by side: a store that hangs makes each
 /// beat wait up to a debit's timeout, and one after another they would come that many timeouts apart.
 pub(super) async fn beats(inner: Weak<Inner>) {
     loop {
@@ -61,7 +61,7 @@ pub(super) async fn beats(inner: Weak<Inner>) {
             pass.spawn(async move {
                 let _lane = lanes.acquire_owned().await;
                 // A failed beat counts as a store failure: the next one is back, and soon.
-                let _ = fleet.beat(&seen, true).await;
+                let _ = fleet.beat(&seen).await;
                 fleet.is_urgent(&seen)
             });
         }
@@ -109,6 +109,6 @@ impl Limiter {
         while returns.join_next().await.is_some() {}
         // The others count this process out at once.
         let fallback = &engine.fallback;
-        fallback.fleet.leave(|_| false, engine.store.timeouts.debit).await;
+        fallback.fleet.leave(engine.store.timeouts.debit).await;
     }
 }

@@ -108,7 +108,7 @@ pub(crate) enum Op {
     },
     /// `reset.lua`: forget the key's state and its ban.
     Reset,
-    /// `fleet.lua`: a member's beat in a rule's roster (the call's key), answered with the count and the hold.
+    /// `fleet.lua`: a member's beat in a rule's roster (the call's key), answered with the live count.
     Fleet(Beat),
 }
 
@@ -364,15 +364,6 @@ impl Call {
         if let Op::TokenReturn { id: Some(id), .. } = &self.op {
             return vec![self.key.clone(), format!("{}:return:{id}", self.key)];
         }
-        if let Op::Fleet(_) = self.op {
-            return vec![
-                self.key.clone(),
-                format!("{}:hold", self.key),
-                // `:owed`, not the `:owing` set of the first roster: a rolling upgrade meets no key of another type.
-                format!("{}:owed", self.key),
-                format!("{}:counts", self.key),
-            ];
-        }
         let banned = match &self.op {
             Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
@@ -511,13 +502,7 @@ impl Call {
             Op::Fleet(beat) => vec![
                 Arg::Str(&beat.member),
                 int(beat.live_ms),
-                int(beat.silent_ms),
                 int(beat.keep_ms),
-                int(beat.hold_ms),
-                Arg::Int(i64::from(beat.back)),
-                Arg::Int(i64::from(beat.settled)),
-                beat.refill_ms.map_or(Arg::Int(-1), int),
-                int(beat.cut_ms),
                 Arg::Int(i64::from(beat.leave)),
             ],
         };

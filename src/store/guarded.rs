@@ -43,12 +43,6 @@ impl Timeouts {
         Duration::from_millis(500).max(self.call)
     }
 
-    /// How far apart processes may come back from one outage, each on its own clock: the breaker's open
-    /// period, then the back-off of a failed key (600 ms at a 50 ms call timeout).
-    pub(crate) fn recovery_spread(&self) -> Duration {
-        self.breaker_open() + self.backoff
-    }
-
     /// The timeouts that follow from a store call timeout.
     pub(crate) fn from_call(call: Duration) -> Self {
         Self {
@@ -70,9 +64,6 @@ pub(crate) struct Guarded {
     calls: AtomicU64,
     /// Calls made, per script in [`Script::ALL`]'s order.
     by_script: [AtomicU64; Script::ALL.len()],
-    /// Calls that failed because the store was unavailable or the breaker open: a process whose count moved since
-    /// its last beat comes back from an outage ([`crate::fleet`]).
-    failures: AtomicU64,
     /// The last call that reached the store succeeded (or none has failed yet); the gauge `store_ready`.
     answered: AtomicBool,
     /// The error of the last call that failed while the store was unavailable.
@@ -91,7 +82,6 @@ impl Guarded {
             clock,
             calls: AtomicU64::new(0),
             by_script: std::array::from_fn(|_| AtomicU64::new(0)),
-            failures: AtomicU64::new(0),
             answered: AtomicBool::new(true),
             last_error: Mutex::new(None),
             timeouts,
@@ -108,7 +98,6 @@ impl Guarded {
                 }
             }
             Err(e) if e.is_unavailable() => {
-                self.failures.fetch_add(1, Ordering::AcqRel);
                 *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
                 if self.answered.swap(false, Ordering::AcqRel) {
                     telemetry::store_ready(false);
@@ -154,7 +143,6 @@ impl Guarded {
     /// The store's error, or one of kind `CircuitOpen` when the breaker is open (the store was not called).
     pub(crate) async fn run(&self, call: &Call) -> Result<Reply, StoreError> {
         if self.breaker.admit(self.clock.now_ns()) == Admit::No {
-            self.failures.fetch_add(1, Ordering::AcqRel);
             return Err(StoreError {
                 kind: StoreErrorKind::CircuitOpen,
                 script: call.script().name(),
@@ -178,11 +166,6 @@ impl Guarded {
             .record(result.as_ref().err().map(StoreError::is_transient), self.clock.now_ns());
         self.note(&result);
         result
-    }
-
-    /// Calls that failed because the store was unavailable or the breaker open, so far.
-    pub(crate) fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Acquire)
     }
 
     /// Calls made so far (leases, returns, debits and direct checks).
