@@ -14,8 +14,8 @@
 -- KEYS[2]  the ban (a string: ms until which the key is banned)
 -- ARGV[6]  ban_ms     after a refusal, refuse the key this long
 -- ARGV[7]  now_ms     optional, as above
--- A banned key is refused with retry_after_ms = the ban's rest. A held bucket (the hash's `hold`: ms until which it
--- is held after a debit, token_return.lua) is refused with retry_after_ms = the hold's rest, after the ban.
+-- A banned key is refused with retry_after_ms = the ban's rest. (A `hold` field a process older than 2026-11-28
+-- wrote after a debit is ignored: nothing is sold on credit any more.)
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         tokens granted: 0, or between min and max
@@ -92,23 +92,21 @@ local function load_bucket(key, capacity, rate, per, now)
 end
 -- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
 -- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
--- unless held or paced; any other expires when it would be full again and no hold or pace is left, never at rate 0
--- (expiring would refill a stock).
+-- unless paced; any other expires when it would be full again and no pace is left, never at rate 0 (expiring
+-- would refill a stock).
 local function save_bucket(key, level, ts, capacity, rate, per, pace)
   local full = capacity * per
-  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends; a paced one until
-  -- its leases have released everything.
-  local s = redis.call('HMGET', key, 'hold', 'pend_end')
-  local held = (tonumber(s[1] or '0') or 0) - ts
-  local paced = (tonumber(s[2] or '0') or 0) - ts
+  -- A paced bucket keeps its hash, full or not, until its leases have released everything.
+  local pend_end = redis.call('HGET', key, 'pend_end')
+  local paced = (tonumber(pend_end or '0') or 0) - ts
   if pace then paced = pace[2] - ts end
-  if level >= full and held <= 0 and paced <= 0 then
+  if level >= full and paced <= 0 then
     redis.call('DEL', key)
     return
   end
   if level > full then level = full end
   -- Pending fields whose line has ended go: the hash then reads as one no paced lease has written.
-  if not pace and paced <= 0 and s[2] then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
+  if not pace and paced <= 0 and pend_end then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
   local f = { 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity), 'rate', int(rate) }
   if pace then
     for _, v in ipairs({ 'pend', int(pace[1]), 'pend_ts', int(ts), 'pend_end', int(pace[2]) }) do f[#f + 1] = v end
@@ -119,7 +117,6 @@ local function save_bucket(key, level, ts, capacity, rate, per, pace)
     return
   end
   local ttl = cdiv(full - level, rate)
-  if held > ttl then ttl = held end
   if paced > ttl then ttl = paced end
   redis.call('PEXPIRE', key, int(ttl))
 end
@@ -196,13 +193,6 @@ if ban_key then
     if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
     return { 0, whole(level), left, at_least(reset_after_of(level), left) }
   end
-end
-
--- A bucket held after a debit (token_return.lua) refuses until the hold ends: nothing is taken or handed out.
-local held = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
-if held > now then
-  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
-  return { 0, whole(level), held - now, reset_after_of(level) }
 end
 
 -- min = max = 0 is a peek: the bucket as it is and what a call of one token would wait; nothing taken or banned.

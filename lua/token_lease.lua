@@ -25,8 +25,7 @@
 --                   unspent tokens sends it (token_return.lua's `since`), so they add no more than the room the
 --                   bucket had since
 --
--- It takes as token_bucket.lua does (the same bucket, refill, reloads, expiry and hold: a held bucket refuses with
--- retry_after_ms = the hold's rest, handing out no turn). A call that leaves fewer than
+-- It takes as token_bucket.lua does (the same bucket, refill, reloads and expiry). A call that leaves fewer than
 -- `min` tokens behind (the same call again would be refused) is handed the bucket's next turn:
 -- turn = max(turn, now) + spacing, spacing = ceil(3 × ceil(batch × per_ms / rate) / 5) ms (three fifths of the
 -- refill of a batch, at least 1; batch capped at capacity), and retry_after_ms is the wait for it. So the processes
@@ -104,23 +103,21 @@ local function load_bucket(key, capacity, rate, per, now)
 end
 -- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
 -- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
--- unless held or paced; any other expires when it would be full again and no hold or pace is left, never at rate 0
--- (expiring would refill a stock).
+-- unless paced; any other expires when it would be full again and no pace is left, never at rate 0 (expiring
+-- would refill a stock).
 local function save_bucket(key, level, ts, capacity, rate, per, pace)
   local full = capacity * per
-  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends; a paced one until
-  -- its leases have released everything.
-  local s = redis.call('HMGET', key, 'hold', 'pend_end')
-  local held = (tonumber(s[1] or '0') or 0) - ts
-  local paced = (tonumber(s[2] or '0') or 0) - ts
+  -- A paced bucket keeps its hash, full or not, until its leases have released everything.
+  local pend_end = redis.call('HGET', key, 'pend_end')
+  local paced = (tonumber(pend_end or '0') or 0) - ts
   if pace then paced = pace[2] - ts end
-  if level >= full and held <= 0 and paced <= 0 then
+  if level >= full and paced <= 0 then
     redis.call('DEL', key)
     return
   end
   if level > full then level = full end
   -- Pending fields whose line has ended go: the hash then reads as one no paced lease has written.
-  if not pace and paced <= 0 and s[2] then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
+  if not pace and paced <= 0 and pend_end then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
   local f = { 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity), 'rate', int(rate) }
   if pace then
     for _, v in ipairs({ 'pend', int(pace[1]), 'pend_ts', int(ts), 'pend_end', int(pace[2]) }) do f[#f + 1] = v end
@@ -131,7 +128,6 @@ local function save_bucket(key, level, ts, capacity, rate, per, pace)
     return
   end
   local ttl = cdiv(full - level, rate)
-  if held > ttl then ttl = held end
   if paced > ttl then ttl = paced end
   redis.call('PEXPIRE', key, int(ttl))
 end
@@ -200,13 +196,6 @@ local function reset_after_of(l)
   if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
 end
 local function whole(l) if l < 0 then return 0 end return idiv(l, per) end -- remaining: 0 in debt
-
--- A bucket held after a debit (token_return.lua) refuses until the hold ends: nothing is taken or handed out.
-local held = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
-if held > now then
-  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
-  return { 0, whole(level), held - now, reset_after_of(level) }
-end
 
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)

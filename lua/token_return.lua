@@ -1,38 +1,26 @@
--- token_return.lua — give leased but unused tokens back to a token bucket, capped at its capacity; or, with a
--- negative count, charge it with tokens admitted elsewhere (a debit).
+-- token_return.lua — give leased but unused tokens back to a token bucket, capped at its capacity.
 --
 -- KEYS[1]  the bucket (same hash as token_bucket.lua: level = tokens × per_ms, ts, per, capacity, rate)
--- KEYS[2]  optional: the call's mark, `<bucket>:debit:<id>` (`<bucket>:return:<id>` for a give-back) with an id
---          unique to this call. A call whose mark exists was applied already (its reply was lost, say, to a timeout
---          or a connection dropped after the script ran and retried) and is not applied again: the reply gives what
---          it charged or added then, and the bucket as it is now. A debit applied sets its mark to the tokens it
---          charged (the memory of it, not its meaning: the bucket holds the charge) for 10 minutes, or four refills
---          from empty and twice the debit's refill where that is longer (a presumed debit of the fleet is sent by
---          every process for up to two refills and its own: fleet.lua); a give-back for 10 s (its retries).
+-- KEYS[2]  optional: the call's mark, `<bucket>:return:<id>` with an id unique to this call. A call whose mark
+--          exists was applied already (its reply was lost, say, to a connection dropped after the script ran and
+--          retried) and is not applied again: the reply gives what it added then, and the bucket as it is now. A
+--          give-back applied sets its mark to the tokens it added for 10 s (its retries).
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
--- ARGV[4]  tokens     tokens given back, integer; negative: a debit of that many tokens, admitted by a process
---                     on its own (fail_mode "local") while Redis failed, so that its return to the shared
---                     bucket is not a second burst. A debit charges whole tokens down to −capacity (or leaves
---                     a deeper debt of token_acquire.lua as it is: a debit never adds) and says how many it
---                     charged; the caller carries the rest and charges it once the bucket has refilled.
+-- ARGV[4]  tokens     tokens given back, integer ≥ 0
 -- ARGV[5]  now_ms     optional; when absent the Redis server's TIME is used
 -- With the mark:
--- ARGV[5]  hold_ms    integer ≥ 0 (0 for a give-back): the bucket is held this long after the debit is applied (its `hold` field, ms
---                     until which token_bucket.lua, token_lease.lua and token_acquire.lua refuse it): the other
---                     processes that sold alone come back on their own clocks, and none may take what they sold
---                     before their debits land (invariant 19). A hold only grows; 0 holds nothing.
+-- ARGV[5]  reserved   integer ≥ 0, ignored (until 2026-11-28 a debit's hold, when a negative count charged the
+--                     bucket with what fail_mode "local" sold alone; nothing is sold on credit any more)
 -- ARGV[6]  since      the stamp of the oldest lease the tokens given back came from (token_lease.lua's fifth
---                     integer), -1 when none (a debit, or a caller that keeps no stamps)
+--                     integer), -1 when none (a caller that keeps no stamps)
 -- ARGV[7]  now_ms     optional, as above
 --
 -- Reply: { accepted, remaining, 0, reset_after_ms }
---   accepted        given back: whole tokens actually added (what would overflow the capacity, less the tokens
---                   paced leases have yet to release, is dropped; with `since`, at most the lowest room the
---                   bucket had at a change after that stamp, note_room: tokens the refill replaced while they
---                   were out count once);
---                   a debit: whole tokens actually charged, 0 to -tokens (the rest is the caller's to carry)
+--   accepted        whole tokens actually added (what would overflow the capacity, less the tokens paced leases
+--                   have yet to release, is dropped; with `since`, at most the lowest room the bucket had at a
+--                   change after that stamp, note_room: tokens the refill replaced while they were out count once)
 --   remaining       whole tokens in the bucket afterwards (0 in debt)
 --   reset_after_ms  ms until the bucket is full again; -1 when never (rate 0)
 -- A missing key is a full bucket: nothing can be added to it. The time since the last call refills at the
@@ -98,23 +86,21 @@ local function load_bucket(key, capacity, rate, per, now)
 end
 -- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
 -- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
--- unless held or paced; any other expires when it would be full again and no hold or pace is left, never at rate 0
--- (expiring would refill a stock).
+-- unless paced; any other expires when it would be full again and no pace is left, never at rate 0 (expiring
+-- would refill a stock).
 local function save_bucket(key, level, ts, capacity, rate, per, pace)
   local full = capacity * per
-  -- A held bucket (token_return.lua's hold) keeps its hash, full or not, until the hold ends; a paced one until
-  -- its leases have released everything.
-  local s = redis.call('HMGET', key, 'hold', 'pend_end')
-  local held = (tonumber(s[1] or '0') or 0) - ts
-  local paced = (tonumber(s[2] or '0') or 0) - ts
+  -- A paced bucket keeps its hash, full or not, until its leases have released everything.
+  local pend_end = redis.call('HGET', key, 'pend_end')
+  local paced = (tonumber(pend_end or '0') or 0) - ts
   if pace then paced = pace[2] - ts end
-  if level >= full and held <= 0 and paced <= 0 then
+  if level >= full and paced <= 0 then
     redis.call('DEL', key)
     return
   end
   if level > full then level = full end
   -- Pending fields whose line has ended go: the hash then reads as one no paced lease has written.
-  if not pace and paced <= 0 and s[2] then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
+  if not pace and paced <= 0 and pend_end then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
   local f = { 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity), 'rate', int(rate) }
   if pace then
     for _, v in ipairs({ 'pend', int(pace[1]), 'pend_ts', int(ts), 'pend_end', int(pace[2]) }) do f[#f + 1] = v end
@@ -125,7 +111,6 @@ local function save_bucket(key, level, ts, capacity, rate, per, pace)
     return
   end
   local ttl = cdiv(full - level, rate)
-  if held > ttl then ttl = held end
   if paced > ttl then ttl = paced end
   redis.call('PEXPIRE', key, int(ttl))
 end
@@ -172,12 +157,12 @@ local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local hold_ms, since = 0, -1
+local reserved, since = 0, -1
 local now_arg = 5
-if KEYS[2] then hold_ms, since, now_arg = tonumber(ARGV[5]), tonumber(ARGV[6] or '-1'), 7 end
-if not (capacity and rate and per and n and hold_ms and since) or capacity < 1 or rate < 0 or per < 1
-    or hold_ms < 0 then
-  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [hold_ms, since])')
+if KEYS[2] then reserved, since, now_arg = tonumber(ARGV[5]), tonumber(ARGV[6] or '-1'), 7 end
+if not (capacity and rate and per and n and reserved and since) or capacity < 1 or rate < 0 or per < 1 or n < 0
+    or reserved < 0 then
+  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [reserved, since])')
 end
 local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
 if not now then
@@ -188,14 +173,11 @@ end
 local full = capacity * per
 local mark = KEYS[2]
 local level, ts, _, pend, noted = load_bucket(KEYS[1], capacity, rate, per, now)
-local charged = mark and tonumber(redis.call('GET', mark))
+local added = mark and tonumber(redis.call('GET', mark))
 if level == nil then
-  if n >= 0 then
-    -- Nothing to add to a full bucket; the mark still says so, or a retry after a take would add.
-    if mark and not charged then redis.call('SET', mark, '0', 'PX', 10000) end
-    return { charged or 0, capacity, 0, 0 }
-  end
-  level = full
+  -- Nothing to add to a full bucket; the mark still says so, or a retry after a take would add.
+  if mark and not added then redis.call('SET', mark, '0', 'PX', 10000) end
+  return { added or 0, capacity, 0, 0 }
 end
 local function reply(accepted)
   local reset_after = 0
@@ -206,56 +188,32 @@ local function reply(accepted)
   if remaining < 0 then remaining = 0 end -- still in debt
   return { accepted, remaining, 0, reset_after }
 end
-if charged then return reply(charged) end -- applied already: nothing is written
+if added then return reply(added) end -- applied already: nothing is written
 
-local accepted = 0
 local room = idiv((capacity - pend) * per - level, per)
-if n >= 0 then
-  local before = idiv(level, per)
-  if since >= 0 then
-    -- At most the room now and the lowest noted after the lease's stamp (note_room); nothing when the notes do
-    -- not reach back to it. note_room then lowers every room noted after the stamp by what was added, so no
-    -- other give-back fills the same room.
-    local s = redis.call('HMGET', KEYS[1], 'rooms_from', 'rooms')
-    local from = tonumber(s[1]) or 0
-    if room < n then n = room end
-    if from == 0 or since < from then n = 0 end
-    for m, r in string.gmatch(s[2] or '', '(%d+):(%d+)') do
-      if tonumber(m) > since and tonumber(r) < n then n = tonumber(r) end
-    end
+local before = idiv(level, per)
+if since >= 0 then
+  -- At most the room now and the lowest noted after the lease's stamp (note_room); nothing when the notes do not
+  -- reach back to it. note_room then lowers every room noted after the stamp by what was added, so no other
+  -- give-back fills the same room.
+  local s = redis.call('HMGET', KEYS[1], 'rooms_from', 'rooms')
+  local from = tonumber(s[1]) or 0
+  if room < n then n = room end
+  if from == 0 or since < from then n = 0 end
+  for m, r in string.gmatch(s[2] or '', '(%d+):(%d+)') do
+    if tonumber(m) > since and tonumber(r) < n then n = tonumber(r) end
   end
-  level = level + n * per
-  -- Up to the capacity, less what paced leases have yet to release (load_bucket).
-  if level > full - pend * per then level = full - pend * per end
-  accepted = idiv(level, per) - before
-else
-  -- Whole tokens, down to -capacity, or not at all below a deeper debt (token_acquire.lua's): a debit never adds.
-  local floor = -full
-  if level < floor then floor = level end
-  accepted = idiv(level - floor, per)
-  if accepted > -n then accepted = -n end
-  level = level - accepted * per
 end
+level = level + n * per
+-- Up to the capacity, less what paced leases have yet to release (load_bucket).
+if level > full - pend * per then level = full - pend * per end
+local accepted = idiv(level, per) - before
 
--- A debit that charged something holds the bucket; save_bucket keeps the hash at least as long as the hold.
-if hold_ms > 0 and accepted > 0 then
-  local held = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0') or 0
-  if now + hold_ms > held then redis.call('HSET', KEYS[1], 'hold', int(now + hold_ms)) end
-end
 save_bucket(KEYS[1], level, ts, capacity, rate, per)
 -- A give-back of a lease's tokens lowers the rooms noted since its stamp by the n tokens it added.
 local filled = nil
-if n >= 0 and since >= 0 then filled = since end
+if since >= 0 then filled = since end
 if noted then note_room(KEYS[1], room, false, now, filled, n) end
-if mark and n >= 0 then
-  -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
-  redis.call('SET', mark, int(accepted), 'PX', 10000)
-elseif mark then
-  local life = 600000
-  if rate > 0 then
-    local refills = cdiv((4 * capacity - 2 * n) * per, rate)
-    if refills > life then life = refills end
-  end
-  redis.call('SET', mark, int(accepted), 'PX', int(life))
-end
+-- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
+if mark then redis.call('SET', mark, int(accepted), 'PX', 10000) end
 return reply(accepted)

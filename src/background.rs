@@ -1,4 +1,4 @@
-//! The limiter's background work: leases, give-backs and debits run as tracked tasks, so a caller that drops
+//! The limiter's background work: leases and give-backs run as tracked tasks, so a caller that drops
 //! its future strands nothing and [`crate::Limiter::shutdown`] can wait for all of them; the sweeper stops on
 //! the cancellation token.
 

@@ -69,8 +69,7 @@ pub struct ProcessConfig {
     /// default 512).
     #[serde(default = "default_max_key_bytes")]
     pub max_key_bytes: usize,
-    /// Keys holding leased tokens at most; the idlest are evicted (their tokens given back) beyond it. Also bounds
-    /// the keys whose local-share admissions wait to be debited.
+    /// Keys holding leased tokens at most; the idlest are evicted (their tokens given back) beyond it.
     #[serde(default = "default_max_local_keys")]
     pub max_local_keys: usize,
     /// A leased key untouched this long is evicted (its tokens are given back first).

@@ -222,7 +222,7 @@ impl Fleet {
 
     /// Beats for `seen`'s rule. The answer updates the count (and the gauge `tokenlease_fleet_processes`).
     ///
-    /// A beat answered late is still a beat: it waits as long as a debit would, so a process behind a slow link
+    /// A beat answered late is still a beat: it waits up to its own long timeout, so a process behind a slow link
     /// is counted. It goes past the circuit breaker (one beat per rule at a time, from one task): a beat that
     /// reaches the store closes the breaker for the leases behind it, and a beat never holds the breaker's one
     /// probe for its long timeout, which would keep the callers' calls from the store that long.
@@ -238,7 +238,7 @@ impl Fleet {
             ));
         }
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), self.beat_of(false))
-            .with_timeout(self.store.timeouts.debit);
+            .with_timeout(self.store.timeouts.beat);
         self.beats.fetch_add(1, Ordering::Relaxed);
         let reply = match self.store.run_past_breaker(&call).await {
             Ok(reply) => reply,

@@ -311,7 +311,7 @@ struct Fleet {
 pub(crate) enum Kind {
     /// A lease (`token_lease`).
     Lease,
-    /// A give-back of unused tokens, or a debit (`token_return`).
+    /// A give-back of unused tokens (`token_return`).
     GiveBack,
     /// A decision of a key that does not lease (`token_bucket`).
     Check,

@@ -355,29 +355,6 @@ impl TokenBucket {
         (new, reply)
     }
 
-    /// The refusal of a bucket held until `hold_until_ms` after a debit (`token_return.lua`'s `hold`, invariant
-    /// 19), while `now_ms` is before it: nothing taken, `retry_after_ms` the hold's rest. `None` once the hold has
-    /// ended (or there is none: 0). The taking scripts check it after a ban and before anything else.
-    pub(crate) fn held(
-        &self,
-        state: Option<TokenBucketState>,
-        hold_until_ms: u64,
-        now_ms: u64,
-    ) -> Option<(Option<TokenBucketState>, Reply)> {
-        if hold_until_ms <= now_ms {
-            return None;
-        }
-        let s = self.refill(state, now_ms);
-        let reply = Reply {
-            granted: 0,
-            remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
-            retry_after_ms: ms(hold_until_ms - now_ms),
-            reset_after_ms: self.reset_after(s.level),
-            stamp: 0,
-        };
-        Some((self.unchanged(state, s), reply))
-    }
-
     /// Gives `tokens` back at `now_ms`, tokens of the lease stamped `since` (the oldest lease they came from, a
     /// [`Reply::stamp`]): at most the lowest room the level had at any change after that stamp
     /// ([`Rooms::lowest_since`]), so tokens the refill already replaced while they were out are not added twice;
@@ -423,33 +400,6 @@ impl TokenBucket {
         let reply = Reply {
             granted: u64::try_from(after - before).unwrap_or(0),
             remaining: u64::try_from(after).unwrap_or(0),
-            retry_after_ms: 0,
-            reset_after_ms: self.reset_after(s.level),
-            stamp: 0,
-        };
-        (self.stored(s), reply)
-    }
-
-    /// Charges `tokens` admitted elsewhere at `now_ms` (a process that decided alone under
-    /// `fail_mode = "local"` while the store failed): the level goes down by whole tokens, into debt if need be,
-    /// but not below −capacity, nor below where it was (an acquire's debt may be deeper: a debit never adds). A
-    /// missing bucket is full. The reply's `granted` is the number of tokens charged, at most `tokens`; the
-    /// caller carries the rest and charges it later, when the bucket has refilled.
-    pub(crate) fn debit(
-        &self,
-        state: Option<TokenBucketState>,
-        tokens: u64,
-        now_ms: u64,
-    ) -> (Option<TokenBucketState>, Reply) {
-        let mut s = self.refill(state, now_ms);
-        s.rooms.note(self.room(&s, now_ms), false, now_ms);
-        let floor = s.level.min(-self.full());
-        let room = u64::try_from(self.tokens(s.level.saturating_sub(floor))).unwrap_or(0);
-        let charged = tokens.min(room);
-        s.level = s.level.saturating_sub(self.units(charged));
-        let reply = Reply {
-            granted: charged,
-            remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
             retry_after_ms: 0,
             reset_after_ms: self.reset_after(s.level),
             stamp: 0,

@@ -382,9 +382,8 @@ impl Engine {
     /// at its top.
     pub(crate) async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, unspent: Unspent) {
         let Unspent { tokens: n, since } = unspent;
-        let tokens = i64::try_from(n).unwrap_or(i64::MAX);
         // Once: a Cluster client retries a call whose connection dropped after the script ran.
-        let call = Call::give_back(&local.store_key, local.bucket, tokens)
+        let call = Call::give_back(&local.store_key, local.bucket, n)
             .once(self.members.next())
             .since(since);
         match self.store.run(&call).await {

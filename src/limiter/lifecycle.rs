@@ -44,7 +44,7 @@ pub(super) async fn sweeper(inner: Weak<Inner>) {
 
 /// Beats for every rule that joined its fleet ([`crate::fleet`]), every second (every 100 ms while its beats
 /// fail), until the limiter is shut down or gone. The rules beat side by side: a store that hangs makes each
-/// beat wait up to a debit's timeout, and one after another they would come that many timeouts apart.
+/// beat wait up to its timeout, and one after another they would come that many timeouts apart.
 pub(super) async fn beats(inner: Weak<Inner>) {
     loop {
         let Some((fleet, background)) = inner
@@ -97,7 +97,7 @@ impl Limiter {
 
     /// Stops the limiter: later calls get [`crate::Error::ShutDown`]; leases in flight finish; every leased
     /// token not spent is given back to the shared bucket before this returns. Then the process leaves the rules'
-    /// fleets (one beat each, within a debit's timeout).
+    /// fleets (one beat each, within a beat's timeout).
     pub async fn shutdown(&self) {
         let engine = &self.inner.engine;
         engine.background.close().await;
@@ -109,6 +109,6 @@ impl Limiter {
         while returns.join_next().await.is_some() {}
         // The others count this process out at once.
         let fallback = &engine.fallback;
-        fallback.fleet.leave(engine.store.timeouts.debit).await;
+        fallback.fleet.leave(engine.store.timeouts.beat).await;
     }
 }

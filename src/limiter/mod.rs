@@ -39,7 +39,7 @@ type RuleMap = HashMap<String, Arc<Compiled>, foldhash::fast::RandomState>;
 /// Counters of one limiter, in calls and tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LimiterStats {
-    /// Store calls: leases, returns and direct checks (and debits, charges and queue calls), not the beats.
+    /// Store calls: leases, returns and direct checks (and queue calls), not the beats.
     pub store_calls: u64,
     /// The fleet's beats: one per rule whose fleet this process joined, every second (every 100 ms while cut off
     /// or held).
@@ -313,7 +313,7 @@ impl Limiter {
     }
 
     /// Store calls since the limiter was built, per script, by the script's name (`token_lease` leases,
-    /// `token_return` give-backs and debits, `fleet` beats, `token_bucket`, `fixed_window`... direct checks),
+    /// `token_return` give-backs, `fleet` beats, `token_bucket`, `fixed_window`... direct checks),
     /// every script listed; the counts sum to [`Limiter::store_calls`] plus [`LimiterStats::beats`].
     pub fn store_calls_by_script(&self) -> Vec<(&'static str, u64)> {
         self.inner.engine.store.calls_by_script()

@@ -18,7 +18,7 @@ mod fleet;
 mod mark;
 mod members;
 mod token_bucket;
-pub(crate) use mark::{debit_mark_ms, GIVE_BACK_MARK_MS};
+pub(crate) use mark::GIVE_BACK_MARK_MS;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,26 +41,16 @@ pub(crate) enum Op {
         batch: u64,
         pace: Pace,
     },
-    /// `token_return.lua`: give `tokens` back (capped at the capacity); negative: a debit of `-tokens`. With an
+    /// `token_return.lua`: give `tokens` back (capped at the capacity). With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
     /// retried after a connection dropped once the script ran does not add the tokens twice. `since`: the stamp
     /// of the oldest lease the tokens came from ([`crate::algorithm::Reply::stamp`]), which caps what they add
     /// at the room the bucket had since (sent with an `id` only).
     TokenReturn {
         bucket: TokenBucket,
-        tokens: i64,
+        tokens: u64,
         id: Option<String>,
         since: Option<u64>,
-    },
-    /// `token_return.lua` with the debit's mark: charge `tokens` admitted alone, once only, however often the
-    /// call is sent (`id` is unique to this debit; the mark `{key}:debit:{id}` remembers it for
-    /// [`debit_mark_ms`]); the bucket is then held `hold_ms` (0: not held), refusing every take. Sent by tests only.
-    #[cfg_attr(not(test), allow(dead_code))]
-    Debit {
-        bucket: TokenBucket,
-        tokens: u64,
-        id: String,
-        hold_ms: u64,
     },
     /// `token_acquire.lua`: take `cost` now, into debt, when the wait for the debt fits in `max_wait_ms`.
     TokenAcquire {
@@ -296,10 +286,7 @@ impl Call {
     /// comes next), or its slot to the queue while nobody queued behind it. `None` for other calls.
     pub(crate) fn undo(&self) -> Option<Self> {
         match &self.op {
-            Op::TokenAcquire { bucket, cost, .. } => {
-                let tokens = i64::try_from(*cost).unwrap_or(i64::MAX);
-                Some(Self::give_back(self.key.clone(), *bucket, tokens))
-            }
+            Op::TokenAcquire { bucket, cost, .. } => Some(Self::give_back(self.key.clone(), *bucket, *cost)),
             Op::LeakyBucket {
                 queue, cost, member, ..
             } => Some(Self::release(self.key.clone(), *queue, *cost, member.clone())),
@@ -332,7 +319,7 @@ impl Call {
         match self.op {
             Op::TokenBucket { .. } => Script::TokenBucket,
             Op::TokenLease { .. } => Script::TokenLease,
-            Op::TokenReturn { .. } | Op::Debit { .. } => Script::TokenReturn,
+            Op::TokenReturn { .. } => Script::TokenReturn,
             Op::TokenAcquire { .. } => Script::TokenAcquire,
             Op::SlidingLog { .. } => Script::SlidingLog,
             Op::FixedWindow { .. } => Script::FixedWindow,
@@ -349,18 +336,9 @@ impl Call {
         format!("{}:ban", self.key)
     }
 
-    /// A debit's mark beside the bucket (same hash tag): the bucket's key ends with `}`, a ban's with `:ban`, a
-    /// mark's with `:debit:` and an id without `}`, so no two keys of any (rule, key) pairs are the same.
-    pub(crate) fn debit_key(&self, id: &str) -> String {
-        format!("{}:debit:{id}", self.key)
-    }
-
-    /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban (a debit's mark
-    /// for a debit).
+    /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban (a give-back's
+    /// mark for a marked give-back).
     pub(crate) fn keys(&self) -> Vec<String> {
-        if let Op::Debit { id, .. } = &self.op {
-            return vec![self.key.clone(), self.debit_key(id)];
-        }
         if let Op::TokenReturn { id: Some(id), .. } = &self.op {
             return vec![self.key.clone(), format!("{}:return:{id}", self.key)];
         }
@@ -369,7 +347,6 @@ impl Call {
             Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
             Op::TokenReturn { .. }
             | Op::TokenLease { .. }
-            | Op::Debit { .. }
             | Op::TokenAcquire { .. }
             | Op::LeakyBucket { .. }
             | Op::LeakyReturn { .. }
@@ -417,23 +394,11 @@ impl Call {
                 since,
             } => {
                 let mut v = bucket(b).to_vec();
-                v.push(Arg::Int(*tokens));
+                v.push(int(*tokens));
                 if id.is_some() {
-                    v.push(Arg::Int(0)); // hold_ms: a give-back holds nothing
+                    v.push(Arg::Int(0)); // the fifth argument, reserved (it was a debit's hold, ms)
                     v.push(since.map_or(Arg::Int(-1), int));
                 }
-                v
-            }
-            Op::Debit {
-                bucket: b,
-                tokens,
-                hold_ms,
-                ..
-            } => {
-                let mut v = bucket(b).to_vec();
-                v.push(Arg::Int(ms(*tokens).saturating_neg()));
-                v.push(int(*hold_ms));
-                v.push(Arg::Int(-1)); // since: a debit gives nothing back
                 v
             }
             Op::TokenAcquire {

@@ -26,13 +26,13 @@ pub(crate) struct Timeouts {
     pub call: Duration,
     /// How long a caller waits for its key's lease in flight: two call timeouts and 5 ms.
     pub lease_wait: Duration,
-    /// The timeout of a lease or a debit call itself: ten call timeouts, at least 100 ms. Longer than callers
+    /// The timeout of a lease call itself: ten call timeouts, at least 100 ms. Longer than callers
     /// wait, since a lease that timed out after Redis granted it would strand its tokens.
     pub lease: Duration,
-    /// The timeout of a beat of the fleet's roster (and of a debit, which tests still send): two lease timeouts.
-    /// A beat is harmless when late, so it may wait for a slow link (a round trip of up to a second at a 50 ms
-    /// call timeout) where a lease would time out: a process that slow is still counted.
-    pub debit: Duration,
+    /// The timeout of a beat of the fleet's roster: two lease timeouts. A beat is harmless when late, so it may
+    /// wait for a slow link (a round trip of up to a second at a 50 ms call timeout) where a lease would time
+    /// out: a process that slow is still counted.
+    pub beat: Duration,
     /// After a failed store call, a key is decided by `fail_mode` this long before the store is asked again.
     pub backoff: Duration,
 }
@@ -49,7 +49,7 @@ impl Timeouts {
             call,
             lease_wait: call.saturating_mul(2).saturating_add(Duration::from_millis(5)),
             lease: call.saturating_mul(10).max(Duration::from_millis(100)),
-            debit: call.saturating_mul(20).max(Duration::from_millis(200)),
+            beat: call.saturating_mul(20).max(Duration::from_millis(200)),
             backoff: Duration::from_millis(100).max(call),
         }
     }
@@ -153,7 +153,7 @@ impl Guarded {
         self.run_past_breaker(call).await
     }
 
-    /// Runs a call even while the breaker is open (a debit at shutdown: its last chance); the result is
+    /// Runs a call even while the breaker is open (a beat: it never holds the breaker's probe); the result is
     /// recorded as any call's, by the breaker and for readiness.
     ///
     /// # Errors
@@ -168,7 +168,7 @@ impl Guarded {
         result
     }
 
-    /// Calls made so far (leases, returns, debits and direct checks).
+    /// Calls made so far (leases, returns, beats and direct checks).
     pub(crate) fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
     }

@@ -26,7 +26,7 @@ mod hash;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     /// The bucket (`None` = full; boxed, as its notes of room make it the largest state), its ban, the marks of
-    /// the debits applied to it, and the fields of its hash beside the level.
+    /// the give-backs applied to it, and the fields of its hash beside the level.
     TokenBucket(Option<Box<TokenBucketState>>, Ban, Marks, Fields),
     SlidingLog(Log, Ban),
     FixedWindow(WindowCount, Ban),
@@ -172,7 +172,6 @@ impl MemoryStore {
             Op::TokenBucket { bucket, .. }
             | Op::TokenLease { bucket, .. }
             | Op::TokenReturn { bucket, .. }
-            | Op::Debit { bucket, .. }
             | Op::TokenAcquire { bucket, .. }
                 if bucket.capacity == 0 || bucket.per_ms == 0 =>
             {
@@ -183,11 +182,9 @@ impl MemoryStore {
             }
             Op::TokenAcquire { cost: 0, .. } => Err(bad_args(call, "need 1 <= min <= max")),
             Op::TokenLease { min, max, .. } if *min == 0 || max < min => Err(bad_args(call, "need 1 <= min <= max")),
-            Op::TokenLease { .. }
-            | Op::TokenBucket { .. }
-            | Op::TokenAcquire { .. }
-            | Op::TokenReturn { .. }
-            | Op::Debit { .. } => self.run_bucket(call, now),
+            Op::TokenLease { .. } | Op::TokenBucket { .. } | Op::TokenAcquire { .. } | Op::TokenReturn { .. } => {
+                self.run_bucket(call, now)
+            }
             Op::SlidingLog {
                 window_ms,
                 limit,

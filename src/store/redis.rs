@@ -184,7 +184,7 @@ impl RedisStore {
             // is several round trips, so an attempt may take as long as a connection task gives it.
             .set_connection_timeout(Some(attempt(timeout)))
             // The connection's own limit only backs up the per-call timeouts below; it must not cut a lease or a
-            // debit short (a lease timed out after Redis granted it strands its tokens; a debit, the longest at
+            // beat short (a lease timed out after Redis granted it strands its tokens; a beat, the longest at
             // twenty call timeouts, waits for a slow link), so it is the longest.
             .set_response_timeout(Some(timeout.saturating_mul(20).max(Duration::from_millis(200))))
             .set_number_of_retries(1)

@@ -1,4 +1,4 @@
-//! The token bucket's calls: takes, leases, give-backs, debits and pay-later acquires (`token_bucket.lua`,
+//! The token bucket's calls: takes, leases, give-backs and pay-later acquires (`token_bucket.lua`,
 //! `token_lease.lua`, `token_return.lua`, `token_acquire.lua`).
 
 use super::{Call, Op};
@@ -57,8 +57,8 @@ impl Call {
         self
     }
 
-    /// `token_return.lua`: `tokens` back to the bucket, or a debit of `-tokens` when negative.
-    pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: i64) -> Self {
+    /// `token_return.lua`: `tokens` back to the bucket.
+    pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: u64) -> Self {
         Self::new(
             key,
             Op::TokenReturn {
@@ -90,31 +90,6 @@ impl Call {
             *mark = Some(id.into());
         }
         self
-    }
-
-    /// `token_return.lua` with a mark: a debit of `tokens` that is applied once, however often it is sent with the
-    /// same `id` (unique to the debit; it must not hold `}`), and then holds the bucket `hold_ms` (0: not at all;
-    /// every take is refused until the hold ends, invariant 19). What a call sent again answers is what the first
-    /// charged, with the bucket as it is now. The limiter sends no debit since `fail_mode = "local"` sells only
-    /// what the store granted; the script's debit goes with the rest of the credit's Lua.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn debit(
-        key: impl Into<String>,
-        bucket: TokenBucket,
-        tokens: u64,
-        id: impl Into<String>,
-        hold_ms: u64,
-    ) -> Self {
-        let id = id.into();
-        Self::new(
-            key,
-            Op::Debit {
-                bucket,
-                tokens,
-                id,
-                hold_ms,
-            },
-        )
     }
 
     /// `token_acquire.lua`: take `cost` now and pay later, when the wait fits in `max_wait_ms`.

@@ -31,7 +31,7 @@ fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
     Reply::from_wire(values[..4].try_into().expect("four integers"), stamp)
 }
 
-/// A pseudo-random sequence of takes, paced leases, acquires, returns and debits on a few keys, each call with parameters drawn
+/// A pseudo-random sequence of takes, paced leases, acquires and returns on a few keys, each call with parameters drawn
 /// afresh (so nearly every call is a reload of its key), gives identical replies and stores identical buckets on
 /// both stores. Redis's TTLs run on real time while the calls run on `now_ms`, so the test plays them on `now_ms`
 /// instead: it removes each TTL as the call sets it and deletes a key once its bucket would be full again, as the
@@ -80,13 +80,13 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
             redis::cmd("DEL").arg(&key).exec(&mut con).expect("DEL");
         }
         let call = match next(7) {
-            // Returns and debits alike: −10 to 9 tokens.
-            0 => give(&key, params, i64::try_from(next(20)).expect("n") - 10, now),
+            // Give-backs without a stamp: 0 to 9 tokens.
+            0 => give(&key, params, next(10), now),
             // A give-back of a lease's tokens, capped by the room since its stamp (one of the last leases', or
             // one from before the notes).
             6 => {
                 let since = stamps.get(usize::try_from(next(4)).expect("idx")).copied().unwrap_or(1);
-                Call::give_back(&key, bucket(params), i64::try_from(next(2 * cap)).expect("n"))
+                Call::give_back(&key, bucket(params), next(2 * cap))
                     .once(format!("m.{i}"))
                     .since(since)
                     .at(now)
@@ -119,7 +119,7 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
         {
             // Fewer accepted than given, and the level still below its top: the notes capped it.
             let top = i128::from(s.bucket.capacity - s.paced.at(now)) * i128::from(s.bucket.per_ms);
-            capped += usize::from(a.granted < tokens.unsigned_abs() && i128::from(s.level) < top);
+            capped += usize::from(a.granted < *tokens && i128::from(s.level) < top);
         }
         assert_eq!(
             redis_bucket(&mut con, &key),

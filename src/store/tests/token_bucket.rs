@@ -40,24 +40,13 @@ pub(super) fn paced(
         .at(now)
 }
 
-pub(super) fn give(key: &str, params: (u64, u64, u64), tokens: i64, now: u64) -> Call {
+pub(super) fn give(key: &str, params: (u64, u64, u64), tokens: u64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
 }
 
 /// token_return.lua with a give-back's mark `{bucket}:return:{id}`: ARGV capacity, rate, per_ms, tokens, 0.
-fn give_once(key: &str, params: (u64, u64, u64), tokens: i64, id: &str, now: u64) -> Call {
+fn give_once(key: &str, params: (u64, u64, u64), tokens: u64, id: &str, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).once(id).at(now)
-}
-
-/// token_return.lua with the debit's mark: KEYS bucket, `{bucket}:debit:{id}`; ARGV capacity, rate, per_ms, −tokens,
-/// hold_ms (0 here: [`held_debit`] holds).
-fn debit(key: &str, params: (u64, u64, u64), tokens: u64, id: &str, now: u64) -> Call {
-    Call::debit(key, bucket(params), tokens, id, 0).at(now)
-}
-
-/// [`debit`] holding the bucket `hold_ms` once applied.
-fn held_debit(key: &str, params: (u64, u64, u64), (tokens, hold_ms): (u64, u64), id: &str, now: u64) -> Call {
-    Call::debit(key, bucket(params), tokens, id, hold_ms).at(now)
 }
 
 pub(super) fn acquire(key: &str, params: (u64, u64, u64), cost: u64, max_wait_ms: u64, now: u64) -> Call {
@@ -201,51 +190,6 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
             ],
         ),
         (
-            "a debit (fail_mode local's admissions) takes from a full bucket, into debt, not below −capacity",
-            vec![
-                (give(&k("d"), ten_per_10s, -4, 0), r(4, 6, 0, 4_000)),
-                (take(&k("d"), ten_per_10s, 6, 6, 0), r(6, 0, 0, 10_000)),
-                (give(&k("d"), ten_per_10s, -10, 0), r(10, 0, 0, 20_000)),
-                (give(&k("d"), ten_per_10s, -5, 0), r(0, 0, 0, 20_000)),
-                (take(&k("d"), ten_per_10s, 1, 1, 10_000), r(0, 0, 1_000, 10_000)),
-                (take(&k("d"), ten_per_10s, 1, 1, 11_000), r(1, 0, 0, 10_000)),
-            ],
-        ),
-        (
-            "a debit says how many whole tokens it charged; the caller charges the rest once the bucket refilled",
-            vec![
-                (give(&k("carry"), ten_per_10s, -25, 0), r(20, 0, 0, 20_000)),
-                (give(&k("carry"), ten_per_10s, -5, 5_000), r(5, 0, 0, 20_000)),
-                (give(&k("carry"), ten_per_10s, -3, 5_000), r(0, 0, 0, 20_000)),
-                (give(&k("carry"), ten_per_10s, -3, 5_500), r(0, 0, 0, 19_500)),
-                (give(&k("carry"), ten_per_10s, -3, 6_000), r(1, 0, 0, 20_000)),
-            ],
-        ),
-        (
-            "a debit sent again with its id is applied once: the reply gives what it charged, the bucket as it is",
-            vec![
-                (debit(&k("once"), ten_per_10s, 4, "a", 0), r(4, 6, 0, 4_000)),
-                (debit(&k("once"), ten_per_10s, 4, "a", 500), r(4, 6, 0, 3_500)),
-                (debit(&k("once"), ten_per_10s, 4, "b", 500), r(4, 2, 0, 7_500)),
-                (debit(&k("once"), ten_per_10s, 4, "a", 1_000), r(4, 3, 0, 7_000)),
-                // Full again (Redis deleted the bucket), and the marks are still remembered.
-                (debit(&k("once"), ten_per_10s, 4, "b", 20_000), r(4, 10, 0, 0)),
-                (take(&k("once"), ten_per_10s, 10, 10, 20_000), r(10, 0, 0, 10_000)),
-                // A debit that charged part of its tokens says so again.
-                (debit(&k("once"), ten_per_10s, 25, "c", 20_000), r(10, 0, 0, 20_000)),
-                (debit(&k("once"), ten_per_10s, 25, "c", 20_000), r(10, 0, 0, 20_000)),
-            ],
-        ),
-        (
-            "a debit never lifts a debt deeper than the capacity (an acquire's)",
-            vec![
-                (acquire(&k("deep"), ten_per_10s, 10, 60_000, 0), r(10, 0, 0, 10_000)),
-                (acquire(&k("deep"), ten_per_10s, 5, 60_000, 0), r(5, 0, 0, 15_000)),
-                (acquire(&k("deep"), ten_per_10s, 10, 60_000, 0), r(10, 0, 5_000, 25_000)),
-                (give(&k("deep"), ten_per_10s, -3, 0), r(0, 0, 0, 25_000)),
-            ],
-        ),
-        (
             "a clock that steps back does not refill",
             vec![
                 (take(&k("h"), ten_per_10s, 10, 10, 50_000), r(10, 0, 0, 10_000)),
@@ -279,47 +223,6 @@ fn cases(p: &str) -> Vec<(&'static str, Vec<(Call, Reply)>)> {
                 // Filled by a give-back, the bucket is deleted with its turn: the next turn counts from now.
                 (give(&k("turn"), thousand_per_s, 100, 11), r(100, 100, 0, 0)),
                 (lease(&k("turn"), thousand_per_s, (1, 200, 50), 11), r(100, 0, 30, 100)),
-            ],
-        ),
-        (
-            "a debit that holds the bucket refuses every take until the hold ends; a give-back goes through",
-            vec![
-                (take(&k("held"), (10, 1, 1_000), 1, 1, 0), r(1, 9, 0, 1_000)),
-                (
-                    held_debit(&k("held"), (10, 1, 1_000), (3, 500), "p.1-1", 100),
-                    r(3, 6, 0, 3_900),
-                ),
-                (take(&k("held"), (10, 1, 1_000), 1, 1, 200), r(0, 6, 400, 3_800)),
-                (lease(&k("held"), (10, 1, 1_000), (1, 5, 5), 300), r(0, 6, 300, 3_700)),
-                (acquire(&k("held"), (10, 1, 1_000), 1, 1_000, 400), r(0, 6, 200, 3_600)),
-                (give(&k("held"), (10, 1, 1_000), 1, 450), r(1, 7, 0, 2_550)),
-                (take(&k("held"), (10, 1, 1_000), 1, 1, 600), r(1, 6, 0, 3_400)),
-            ],
-        ),
-        (
-            "a held bucket keeps its hold when a give-back fills it or a reload rewrites it",
-            vec![
-                (take(&k("held-full"), (10, 1, 1_000), 5, 5, 0), r(5, 5, 0, 5_000)),
-                (
-                    held_debit(&k("held-full"), (10, 1, 1_000), (1, 500), "p.1-2", 0),
-                    r(1, 4, 0, 6_000),
-                ),
-                (give(&k("held-full"), (10, 1, 1_000), 6, 10), r(6, 10, 0, 0)),
-                (take(&k("held-full"), (10, 1, 1_000), 10, 10, 20), r(0, 10, 480, 0)),
-                (take(&k("held-full"), (10, 1, 1_000), 10, 10, 500), r(10, 0, 0, 10_000)),
-                (
-                    held_debit(&k("held-reload"), (10, 10, 1_000), (1, 5_000), "p.1-3", 1_000),
-                    r(1, 9, 0, 100),
-                ),
-                // Refused with a rate doubled by a reload: the bucket is written at the new rate, held as long.
-                (
-                    take(&k("held-reload"), (10, 20, 1_000), 1, 1, 1_060),
-                    r(0, 9, 4_940, 20),
-                ),
-                (
-                    take(&k("held-reload"), (10, 20, 1_000), 1, 1, 1_300),
-                    r(0, 10, 4_700, 0),
-                ),
             ],
         ),
         (
@@ -412,7 +315,7 @@ pub(super) fn connect(server: &RedisServer) -> redis::Connection {
         .expect("a connection")
 }
 
-/// The bucket a real Redis holds under `key` (`None`: no key, or a full level, which a held bucket keeps in its
+/// The bucket a real Redis holds under `key` (`None`: no key, or a full level, which a paced bucket keeps in its
 /// hash): the hash's fields, read with `HMGET`. A field missing (a key written before the hash recorded its
 /// parameters) reads as 0.
 pub(super) fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<TokenBucketState> {
@@ -452,19 +355,14 @@ pub(super) fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<Tok
 /// Replays `steps` on both stores side by side, on the same keys: every reply is the expected one and, after
 /// every step, refusals included, the two stores hold the same bucket for the step's key (level, timestamp and
 /// the parameters it was computed with, its pending tokens and its notes of room). The steps run on `now_ms`
-/// while Redis's TTLs run on real time, so a key is deleted once its bucket would be full again and its hold
-/// is over, as its TTL would have (and as the in-process store forgets it).
+/// while Redis's TTLs run on real time, so a key is deleted once its bucket would be full again, as its TTL would
+/// have (and as the in-process store forgets it).
 async fn replay_side_by_side(stores: &EveryStore, steps: &[Step]) {
     let mut con = connect(&stores.server);
     for (i, (what, call, expected)) in steps.iter().enumerate() {
         let now = call.now_ms.unwrap_or(0);
-        let hold: Option<u64> = redis::cmd("HGET")
-            .arg(&call.key)
-            .arg("hold")
-            .query(&mut con)
-            .expect("HGET");
         let full = redis_bucket(&mut con, &call.key).is_some_and(|s| s.full_at_ms().is_some_and(|t| t <= now));
-        if full && hold.unwrap_or(0) <= now {
+        if full {
             redis::cmd("DEL").arg(&call.key).exec(&mut con).expect("DEL");
         }
         for (name, store) in stores.each() {
@@ -581,5 +479,27 @@ async fn bad_arguments_are_errors_on_both_stores() {
                 "lease {params:?} {min} {max} on {name}"
             );
         }
+    }
+}
+
+/// A `hold` a process older than 2026-11-28 wrote after a debit (what `fail_mode = "local"` sold on credit) is
+/// ignored: nothing is sold on credit any more, so nothing waits for a charge.
+#[tokio::test]
+async fn a_hold_an_older_process_wrote_is_ignored() {
+    let stores = EveryStore::start();
+    let (server, key) = (&stores.server, "tl:{held:k}");
+    let params = (10, 1, 1_000);
+    assert_eq!(
+        stores
+            .redis
+            .run(&take(key, params, 2, 2, 0))
+            .await
+            .expect("take")
+            .granted,
+        2
+    );
+    server.cmd(&["HSET", key, "hold", "600000"]).expect("HSET");
+    for call in [take(key, params, 1, 1, 100), lease(key, params, (1, 1, 1), 200)] {
+        assert_eq!(stores.redis.run(&call).await.expect("call").granted, 1, "{call:?}");
     }
 }
