@@ -21,7 +21,8 @@ pub const LEASES_TOTAL: &str = "tokenlease_leases_total";
 pub const LEASED_TOKENS_TOTAL: &str = "tokenlease_leased_tokens_total";
 /// Leased tokens given back unused, by `rule`.
 pub const RETURNED_TOKENS_TOTAL: &str = "tokenlease_returned_tokens_total";
-/// Tokens leased and not yet spent or returned, by `rule`.
+/// Tokens leased and not yet spent or returned (paced chunks still to come included): the escrow a process may
+/// spend while the store fails, by `rule`.
 pub const OUTSTANDING_TOKENS: &str = "tokenlease_outstanding_tokens";
 /// Store call latency in seconds, by `script`.
 pub const REDIS_DURATION_SECONDS: &str = "tokenlease_redis_duration_seconds";
