@@ -169,7 +169,7 @@ fn healthy_fleets_never_go_over_and_sell_in_60_s_as_known() {
 #[test]
 fn the_paths_reviews_found_go_over_as_known() {
     let runs = simulate(&["--scenario", "all"]);
-    assert_eq!(runs.len(), 26, "13 scenarios x 2 modes");
+    assert_eq!(runs.len(), 32, "16 scenarios x 2 modes");
     let over: BTreeMap<String, f64> = runs
         .iter()
         .filter(|r| r["over"] == true)

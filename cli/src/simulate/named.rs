@@ -1,5 +1,6 @@
 //! Named scenarios (`simulate --scenario NAME`): the paths over the bound that reviews of the engine found by
-//! reading it (issue "sim"), each written as a schedule the simulator runs and checks as it does a seed's. The
+//! reading it (issue "sim"), each written as a schedule the simulator runs and checks as it does a seed's, and
+//! outages of 1, 5 and 30 s, which show what the fleet sells while the store is away (issue "escrow"). The
 //! shipped `sku_buy` rule (2000 tokens, 1000 a second, leased 10-500 for 200 ms) unless a path needs another.
 
 use std::time::Duration;
@@ -9,7 +10,7 @@ use tokenlease::{FailMode, Lease};
 use super::scenario::{Event, Fault, Limit, Scenario};
 
 /// Every named scenario: its name and what it tries.
-pub(super) const NAMES: [(&str, &str); 13] = [
+pub(super) const NAMES: [(&str, &str); 16] = [
     (
         "cut-off",
         "one process of four black-holed for 10 s while the others lease at 1.5x the rate",
@@ -58,6 +59,18 @@ pub(super) const NAMES: [(&str, &str); 13] = [
     (
         "rollback",
         "the store fails over to a copy 1 s old (bound widened by the grants lost)",
+    ),
+    (
+        "outage-1s",
+        "the store refuses every call for 1 s under four processes at 1.5x the rate: what an outage sells",
+    ),
+    (
+        "outage-5s",
+        "the store refuses every call for 5 s under four processes at 1.5x the rate",
+    ),
+    (
+        "outage-30s",
+        "the store refuses every call for 30 s under four processes at 1.5x the rate",
     ),
 ];
 
@@ -191,6 +204,15 @@ pub(super) fn scenario(name: &str, mode: FailMode) -> Result<Scenario, String> {
             s
         }
         "clock-step" => sale(name, mode, 10_000, vec![at(3_000, 3_000, Fault::ClockStep(1_000))]),
+        "outage-1s" | "outage-5s" | "outage-30s" => {
+            let down_ms = match name {
+                "outage-1s" => 1_000,
+                "outage-5s" => 5_000,
+                _ => 30_000,
+            };
+            let faults = vec![at(3_000, 3_000 + down_ms, Fault::StoreRefusing)];
+            sale(name, mode, 3_000 + down_ms + 5_000, faults)
+        }
         _ => sale(name, mode, 10_000, vec![at(3_000, 4_000, Fault::Rollback)]),
     })
 }
