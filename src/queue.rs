@@ -80,15 +80,13 @@ impl Drop for Reserved<'_> {
         if tokio::runtime::Handle::try_current().is_ok() {
             self.queue.background.spawn(async move {
                 match (store.run(&back).await, slot) {
-                    // Someone is queued behind it (or the store failed): the slot stays reserved; a later
-                    // caller of this process takes it over rather than queueing behind it.
+                    // Someone is queued behind it: the slot stays reserved; a later caller of this process takes
+                    // it over rather than queueing behind it.
                     (Ok(reply), Some(slot)) if reply.granted == 0 => line.abandon(slot),
                     (Ok(_), _) => refusals.forget(rule, &key),
-                    (Err(error), Some(slot)) => {
-                        tracing::debug!(%error, "could not hand a queue slot back");
-                        line.abandon(slot);
-                    }
-                    (Err(error), None) => tracing::debug!(%error, "could not hand a queue slot back"),
+                    // No answer: the store may have taken the slot back (a reply lost after the script ran), and
+                    // another process may book it; used here too, it would run twice. It is given up.
+                    (Err(error), _) => tracing::debug!(%error, "could not hand a queue slot back"),
                 }
             });
         }

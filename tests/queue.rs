@@ -239,3 +239,54 @@ async fn several_limiters_pace_together_on_redis() {
     assert!(took >= Duration::from_millis(1_100), "too fast: {took:?}");
     assert!(took <= Duration::from_millis(2_500), "too slow: {took:?}");
 }
+
+/// A slot handed back whose answer is lost (the store took it back, the reply never came) is not taken over by
+/// this process's next caller: another process may book it, and the queue would release two jobs in its one
+/// slot. Issue "escrow", item 3 (a path the seeded search's table named).
+#[tokio::test(start_paused = true)]
+async fn a_slot_handed_back_without_an_answer_is_not_used_again_here() {
+    let clock: Arc<dyn tokenlease::Clock> = Arc::new(tokenlease::TokioClock::new());
+    let timeout = Duration::from_millis(50);
+    let faults = tokenlease::Faults::new(clock.clone(), Duration::from_millis(1), timeout);
+    let process = |i: usize| {
+        let rule = Rule::leaky_bucket("jobs", 10, Duration::from_secs(1), Duration::from_secs(60)).expect("rule");
+        Limiter::builder()
+            .rules([rule])
+            .store(faults.link(i))
+            .clock(clock.clone())
+            .timeout(timeout)
+            .build()
+            .expect("limiter")
+    };
+    let (here, there) = (process(0), process(1));
+    assert_eq!(
+        here.acquire("jobs", "k", 1).await.expect("first").waited,
+        Duration::ZERO
+    );
+    // A caller books the next slot (100 ms after the first) and hangs up while the store loses its replies: the
+    // hand-back runs in the store (the slot was the last booked), its answer never comes.
+    let quitter = {
+        let here = here.clone();
+        tokio::spawn(async move { here.acquire("jobs", "k", 1).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    faults.set_store(tokenlease::StoreFault::LosingReplies);
+    quitter.abort();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    faults.set_store(tokenlease::StoreFault::Healthy);
+    // Both processes ask before that slot comes: the other books the slot the store took back (100 ms after the
+    // first), this one books a slot of its own behind it, not the one given back.
+    let release = |l: Limiter| {
+        tokio::spawn(async move {
+            let _permit = l.acquire("jobs", "k", 1).await.expect("permit");
+            tokio::time::Instant::now()
+        })
+    };
+    let (there_at, here_at) = (release(there.clone()), release(here.clone()));
+    let (there_at, here_at) = (there_at.await.expect("there"), here_at.await.expect("here"));
+    let apart = there_at.max(here_at) - there_at.min(here_at);
+    assert!(
+        apart >= Duration::from_millis(100),
+        "one slot released twice: {apart:?} apart"
+    );
+}
