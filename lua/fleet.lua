@@ -8,8 +8,10 @@
 -- ARGV[4]  leave       1: this member leaves the fleet (it shut down)
 -- ARGV[5]  now_ms      optional; when absent the Redis server's TIME is used
 --
--- Reply: { processes, 0, 0, 0 }
+-- Reply: { processes, now_ms, 0, 0 }
 --   processes       live members, this one included (unless it leaves)
+--   now_ms          the time the script ran at (the server's TIME): a member compares it with its own clock, so
+--                   that a step of the store's clock (a failover to a server whose clock differs) is seen
 -- The roster expires keep_ms after the last beat it heard. (Until 2026-11-28 it also held the fleet after an
 -- outage until every member had charged what it sold alone, in three more keys: `:hold`, `:owed`, `:counts`;
 -- nothing is sold alone any more, and the keys an older process still writes expire by themselves.)
@@ -48,4 +50,4 @@ if top[2] then
   if left < 1 then left = 1 end
   redis.call('PEXPIRE', roster, int(left))
 end
-return { processes, 0, 0, 0 }
+return { processes, now, 0, 0 }

@@ -16,6 +16,7 @@ use tokio::sync::OnceCell;
 
 use crate::algorithm::fleet::{Beat, Count};
 use crate::clock::Clock;
+use crate::decision::Source;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::call::{roster_key, Call};
 use crate::store::guarded::Guarded;
@@ -240,6 +241,7 @@ impl Fleet {
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), self.beat_of(false))
             .with_timeout(self.store.timeouts.beat);
         self.beats.fetch_add(1, Ordering::Relaxed);
+        let sent_ms = wall_ms();
         let reply = match self.store.run_past_breaker(&call).await {
             Ok(reply) => reply,
             Err(error) => {
@@ -254,6 +256,12 @@ impl Fleet {
         seen.answered_at_ms.store(now.max(1), Ordering::Release);
         *seen.failed.lock().unwrap_or_else(PoisonError::into_inner) = None;
         seen.gauge.set(processes as f64);
+        // Redis answers on its wall clock (`TIME`); the in-process store on the limiter's monotonic one, so the
+        // series exists only where it means something (registered at its first reading, once a second at most).
+        if self.store.source() == Source::Redis {
+            let middle_ms = sent_ms.midpoint(wall_ms());
+            telemetry::store_clock_offset(&seen.rule).set((count.now_ms as f64 - middle_ms as f64) / 1000.0);
+        }
         Ok(count)
     }
 
@@ -283,6 +291,12 @@ impl Fleet {
         };
         let _ = tokio::time::timeout(patience, leaving).await;
     }
+}
+
+/// This process's wall clock, in ms since the Unix epoch (0 before it).
+fn wall_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A beat's error of `kind` that the store did not give (no beat was sent, or none answered).

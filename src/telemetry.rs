@@ -38,6 +38,12 @@ pub const HOT_KEYS: &str = "tokenlease_hot_keys";
 /// Live processes of a rule's fleet, as its roster in the store counted them at this process's last beat
 /// (the divisor of every share of the rule), by `rule`.
 pub const FLEET_PROCESSES: &str = "tokenlease_fleet_processes";
+/// The store's clock less this process's wall clock, in seconds, read at each beat of a leased rule on Redis (the
+/// time the roster's script ran at against the middle of the beat's round trip), by `rule` (in a Cluster each
+/// rule's roster may live on another node). A jump means the store's clock stepped: a failover to a server whose
+/// clock differs, or an NTP step; each key then refills what the step says, at most `min(capacity, rate × step)`
+/// once (docs/ARCHITECTURE.md, Known limits).
+pub const STORE_CLOCK_OFFSET_SECONDS: &str = "tokenlease_store_clock_offset_seconds";
 /// Callers waiting in a queue, by `rule`.
 pub const QUEUE_DEPTH: &str = "tokenlease_queue_depth";
 /// Time callers waited in a queue, in seconds, by `rule`.
@@ -129,6 +135,11 @@ pub fn describe() {
         FLEET_PROCESSES,
         Unit::Count,
         "Live processes of a rule's fleet counted by its roster in the store (the divisor of its shares), by rule"
+    );
+    describe_gauge!(
+        STORE_CLOCK_OFFSET_SECONDS,
+        Unit::Seconds,
+        "The store's clock less this process's wall clock at the last beat of a leased rule on Redis, by rule"
     );
     describe_histogram!(
         QUEUE_WAIT_SECONDS,
@@ -297,6 +308,11 @@ pub(crate) fn eviction_unsafe(at_risk: bool) {
 /// The gauge [`FLEET_PROCESSES`] of `rule`.
 pub(crate) fn fleet_processes(rule: &str) -> metrics::Gauge {
     gauge!(FLEET_PROCESSES, "rule" => rule.to_owned())
+}
+
+/// The gauge [`STORE_CLOCK_OFFSET_SECONDS`] of `rule`.
+pub(crate) fn store_clock_offset(rule: &str) -> metrics::Gauge {
+    gauge!(STORE_CLOCK_OFFSET_SECONDS, "rule" => rule.to_owned())
 }
 
 /// Sets the number of keys in the local lease cache.

@@ -683,6 +683,7 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
         ("tokenlease_returned_tokens_total", "rule"),
         ("tokenlease_redis_errors_total", "kind"),
         ("tokenlease_queue_depth", "rule"),
+        ("tokenlease_store_clock_offset_seconds", "rule"),
     ] {
         let series = prometheus.query(selector);
         assert!(
@@ -690,6 +691,13 @@ fn prometheus_scrapes_every_metric_the_dashboards_and_alerts_use() {
             "no {selector} series with `{label}`"
         );
     }
+
+    // The store's clock against the sidecar's, read at its beats: one host, so within a second.
+    let offset = prometheus.query(r#"tokenlease_store_clock_offset_seconds{rule="sku_buy"}"#);
+    let offset = (offset.first())
+        .and_then(|s| s["value"][1].as_str())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(offset.is_some_and(|o| o.abs() < 1.0), "store clock offset {offset:?}");
 
     // Every dashboard query is valid PromQL, reads only exported metrics, and has data.
     let dashboard: Value =

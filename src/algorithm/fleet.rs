@@ -30,11 +30,12 @@ pub(crate) struct Roster {
     pub heard: BTreeMap<String, u64>,
 }
 
-/// What a beat answers: the live members, this one included (at least 1). In the protocol's four integers,
-/// `{ processes, 0, 0, 0 }`.
+/// What a beat answers: the live members, this one included (at least 1), and the store's time when it ran (ms).
+/// In the protocol's four integers, `{ processes, now_ms, 0, 0 }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Count {
     pub processes: u64,
+    pub now_ms: u64,
 }
 
 impl Count {
@@ -42,6 +43,7 @@ impl Count {
     pub(crate) fn from_reply(reply: &Reply) -> Self {
         Self {
             processes: reply.granted.max(1),
+            now_ms: reply.remaining,
         }
     }
 
@@ -49,7 +51,7 @@ impl Count {
     pub(crate) fn to_reply(self) -> Reply {
         Reply {
             granted: self.processes,
-            remaining: 0,
+            remaining: self.now_ms,
             retry_after_ms: 0,
             reset_after_ms: 0,
             stamp: 0,
@@ -70,7 +72,10 @@ impl Roster {
         let live = (self.heard.values())
             .filter(|at| at.saturating_add(beat.live_ms) > now_ms)
             .count() as u64;
-        Count { processes: live }
+        Count {
+            processes: live,
+            now_ms,
+        }
     }
 
     /// When the roster may be forgotten (ms): `keep_ms` after anyone was last heard.
