@@ -35,7 +35,8 @@ pub(crate) struct Abandoned {
     pub(crate) at: tokio::time::Instant,
     /// Its tokens.
     pub(crate) cost: u64,
-    /// Where it was reserved: the store, or the fail mode (`open` grants a slot while the store fails).
+    /// Where it was reserved: the store (a slot `open` grants while the store fails comes at once: never waited
+    /// for, never given up).
     pub(crate) source: crate::decision::Source,
 }
 

@@ -73,10 +73,6 @@ impl Drop for Reserved<'_> {
         let store = self.queue.store.clone();
         let (line, slot) = (self.line.clone(), self.slot);
         let (refusals, rule, key) = (self.queue.refusals.clone(), self.key.0, self.key.1.to_owned());
-        // A slot `open` granted while the store failed was never booked in it: nothing to hand back.
-        if self.slot.is_some_and(|s| s.source == Source::Fallback) {
-            return;
-        }
         if tokio::runtime::Handle::try_current().is_ok() {
             self.queue.background.spawn(async move {
                 match (store.run(&back).await, slot) {
