@@ -29,13 +29,6 @@
 --   reset_after_ms  ms until the window ends (0 when no window is open)
 -- Mirrors FixedWindow in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
 
-local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
-
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -53,11 +46,7 @@ if align == -2 then
   end
   now_arg = 10
 end
-local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-end
+local now = now_of(now_arg)
 
 local state = redis.call('HMGET', KEYS[1], 'start', 'count')
 local start, count = tonumber(state[1]), tonumber(state[2]) or 0

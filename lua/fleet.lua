@@ -17,24 +17,13 @@
 -- nothing is sold alone any more, and the keys an older process still writes expire by themselves.)
 -- Mirrors Roster::beat in src/algorithm/fleet.rs, which gives the same replies and stores the same state.
 
-local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
-
 local member = ARGV[1]
 local live_ms, keep_ms, leave = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 if not (member and live_ms and keep_ms) or member == '' or live_ms < 0 or keep_ms < 1 then
   return redis.error_reply('ERR fleet: bad arguments (member, live_ms, keep_ms, leave)')
 end
 local now_arg = 5
-local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-end
+local now = now_of(now_arg)
 
 local roster = KEYS[1]
 redis.call('ZREMRANGEBYSCORE', roster, '-inf', '(' .. int(now - keep_ms))

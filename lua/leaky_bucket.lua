@@ -19,14 +19,6 @@
 --   reset_after_ms  until the queue is empty (the TAT)
 -- Mirrors src/algorithm/leaky_bucket.rs.
 
-local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
-local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
-
 local rate = tonumber(ARGV[1])
 local per = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -36,11 +28,7 @@ local now_arg = 6
 if not (rate and per and cost and max_wait and member) or rate < 1 or per < 1 or cost < 0 or max_wait < 0 then
   return redis.error_reply('ERR leaky_bucket: bad arguments (rate, per_ms, cost, max_wait_ms)')
 end
-local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-end
+local now = now_of(now_arg)
 
 -- The slot starts at max(TAT, now); times are in units of 1/rate ms relative to now.
 local state = redis.call('HMGET', KEYS[1], 'tat_ms', 'tat_frac', 'rate')

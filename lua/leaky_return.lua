@@ -12,14 +12,6 @@
 -- Reply: { returned, 0, 0, reset_after_ms }: returned = cost when handed back, 0 when someone queued behind.
 -- Mirrors src/algorithm/leaky_bucket.rs.
 
-local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
-local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
-
 local rate = tonumber(ARGV[1])
 local per = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -28,11 +20,7 @@ local now_arg = 5
 if not (rate and per and cost and member) or rate < 1 or per < 1 or cost < 1 then
   return redis.error_reply('ERR leaky_return: bad arguments (rate, per_ms, cost, member)')
 end
-local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-end
+local now = now_of(now_arg)
 
 local state = redis.call('HMGET', KEYS[1], 'tat_ms', 'tat_frac', 'tail')
 local tat_ms, tat_frac = tonumber(state[1]), tonumber(state[2])

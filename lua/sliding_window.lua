@@ -20,13 +20,6 @@
 --   reset_after_ms  ms until every counted sub-bucket has left
 -- Mirrors SlidingWindow in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
 
-local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
-
 local window = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
@@ -36,11 +29,7 @@ local now_arg = 6
 if not (window and n and limit and cost and ban_ms) or n < 1 or window < n or window % n ~= 0 or limit < 1 or cost < 0 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_window: bad arguments (window_ms, sub_buckets, limit, cost, ban_ms)')
 end
-local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-end
+local now = now_of(now_arg)
 
 local sub = window / n
 local cur = idiv(now, sub)

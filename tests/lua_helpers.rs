@@ -1,40 +1,24 @@
-//! The helpers every script of `lua/` repeats (`idiv`, `cdiv`, `int` and the preamble that reads `now_ms`) stay
-//! textually identical across scripts, and the scripts' headers cite only files of the repository.
-//!
-//! Redis runs each script on its own, so the helpers cannot be shared: they are copied, and these tests fail when
-//! one copy drifts. Reads the scripts from the source tree; needs no Redis.
+//! The scripts of `lua/` share their helpers from one source: `lua/lib/common.lua` (the integer helpers and the
+//! clock) goes in front of every script and `lua/lib/bucket.lua` (the token bucket's hash) in front of every token
+//! script (`src/store/script.rs`). These tests fail when a script defines again what a library holds, calls a
+//! library it is not assembled with, reads the clock another way, or cites a file that does not exist. Reads the
+//! scripts from the source tree; needs no Redis.
 
 use std::fs;
 use std::path::Path;
 
-/// `floor(a / b)`, exact on integers below 2^53 (the only division of the scripts).
-const IDIV: &str = "\
-local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-";
+/// A library of `lua/lib/`: its file, the functions it defines, and which scripts it is put in front of.
+type Lib = (&'static str, &'static [&'static str], fn(&str) -> bool);
 
-const CDIV: &str = "\
-local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
-";
-
-const INT: &str = "\
-local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
-";
-
-/// The helpers, in the order a script defines those it uses, first thing after its header.
-const HELPERS: [(&str, &str); 3] = [("idiv", IDIV), ("cdiv", CDIV), ("int", INT)];
-
-/// `now_ms` from the optional last argument (its index is the script's `local now_arg = N`), else Redis' TIME.
-const TIME_PREAMBLE: &str = "\
-local now = tonumber(ARGV[now_arg]) -- now_ms when given, else the Redis server's TIME
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
-end
-";
+/// The libraries of `lua/lib/`.
+const LIBS: [Lib; 2] = [
+    ("common.lua", &["idiv", "cdiv", "int", "now_of"], |_| true),
+    (
+        "bucket.lua",
+        &["gcd", "rescale", "load_bucket", "save_bucket", "note_room"],
+        |script| script.starts_with("token_"),
+    ),
+];
 
 /// Files a header may cite before they exist in this tree: written in another branch.
 const WRITTEN_ELSEWHERE: [&str; 1] = ["docs/ARCHITECTURE.md"];
@@ -62,6 +46,17 @@ fn scripts() -> Vec<(String, String)> {
         scripts.len()
     );
     scripts
+}
+
+/// Every `lua/lib/*.lua` as (file name, text).
+fn libs() -> Vec<(String, String)> {
+    LIBS.iter()
+        .map(|(name, ..)| {
+            let text =
+                fs::read_to_string(root().join("lua/lib").join(name)).unwrap_or_else(|e| panic!("lib/{name}: {e}"));
+            ((*name).to_owned(), text)
+        })
+        .collect()
 }
 
 /// A line without its comment (`--` outside a string literal).
@@ -120,42 +115,28 @@ fn calls(lines: &[&str], name: &str) -> bool {
     })
 }
 
-/// `expected` and `found` line by line: `  ` same, `- ` expected, `+ ` found.
-fn difference(expected: &str, found: &str) -> String {
-    let (expected, found): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), found.lines().collect());
-    let mut out = String::new();
-    for i in 0..expected.len().max(found.len()) {
-        match (expected.get(i), found.get(i)) {
-            (Some(e), Some(f)) if e == f => out += &format!("    {e}\n"),
-            (e, f) => {
-                if let Some(e) = e {
-                    out += &format!("  - {e}\n");
-                }
-                if let Some(f) = f {
-                    out += &format!("  + {f}\n");
-                }
-            }
-        }
-    }
-    out
-}
-
 fn check(failures: Vec<String>) {
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
 #[test]
-fn helpers_are_identical_in_every_script() {
+fn each_helper_is_defined_once_in_its_library() {
     let mut failures = Vec::new();
+    let libs = libs();
+    for ((lib, names, _), (_, text)) in LIBS.iter().zip(&libs) {
+        for name in *names {
+            if definition(lib, text, name).is_none() {
+                failures.push(format!("lua/lib/{lib} does not define {name}"));
+            }
+        }
+    }
     for (script, text) in scripts() {
-        for (name, canonical) in HELPERS {
-            if let Some((line, found)) = definition(&script, &text, name) {
-                if found != canonical {
+        for (lib, names, _) in LIBS {
+            for name in names {
+                if let Some((line, _)) = definition(&script, &text, name) {
                     failures.push(format!(
-                        "lua/{script}:{}: {name} differs from the canonical one in tests/lua_helpers.rs \
-                         (- canonical, + {script}):\n{}",
-                        line + 1,
-                        difference(canonical, &found)
+                        "lua/{script}:{}: defines {name} again; lua/lib/{lib} holds it",
+                        line + 1
                     ));
                 }
             }
@@ -165,66 +146,58 @@ fn helpers_are_identical_in_every_script() {
 }
 
 #[test]
-fn scripts_define_the_helpers_they_call_first_and_in_order() {
+fn a_script_calls_only_the_libraries_it_is_put_behind() {
     let mut failures = Vec::new();
     for (script, text) in scripts() {
         let lines: Vec<&str> = text.lines().collect();
-        let mut defined = String::new();
-        for (name, canonical) in HELPERS {
-            match definition(&script, &text, name) {
-                Some(_) => defined += canonical,
-                None if calls(&lines, name) => {
-                    failures.push(format!("lua/{script} calls {name} but does not define it"))
+        for (lib, names, put_in_front) in LIBS {
+            for name in names.iter().filter(|name| calls(&lines, name)) {
+                if !put_in_front(&script) {
+                    failures.push(format!(
+                        "lua/{script} calls {name} of lua/lib/{lib}, which src/store/script.rs does not put in \
+                         front of it"
+                    ));
                 }
-                None => {}
             }
-        }
-        // Right after the header and its blank lines come the helpers, in the order of HELPERS.
-        let first = header(&text).len() + lines[header(&text).len()..].iter().take_while(|l| l.is_empty()).count();
-        let top = block(&lines[first..(first + defined.lines().count()).min(lines.len())]);
-        if top != defined {
-            failures.push(format!(
-                "lua/{script}:{}: the helpers it defines must come first after the header, in the order idiv, \
-                 cdiv, int (- expected, + found):\n{}",
-                first + 1,
-                difference(&defined, &top)
-            ));
         }
     }
     check(failures);
 }
 
 #[test]
-fn time_preamble_is_identical_in_every_script() {
+fn the_clock_is_read_in_one_place() {
     let mut failures = Vec::new();
+    let libs = libs();
+    let times: usize = libs.iter().map(|(_, t)| t.matches("redis.call('TIME')").count()).sum();
+    let in_now_of = definition("common.lua", &libs[0].1, "now_of").is_some_and(|(_, d)| d.contains("'TIME'"));
+    if times != 1 || !in_now_of {
+        failures.push(format!("lua/lib/ calls TIME {times} times; only now_of may, once"));
+    }
     for (script, text) in scripts() {
         let lines: Vec<&str> = text.lines().collect();
+        if text.contains("redis.call('TIME')") {
+            failures.push(format!(
+                "lua/{script} calls TIME; now_of (lua/lib/common.lua) reads the clock"
+            ));
+        }
         let Some(start) = lines.iter().position(|l| l.starts_with("local now =")) else {
-            // A script that never reads the time (`reset.lua`) takes no `now_ms` and calls no TIME.
-            if text.contains("now_ms") || text.contains("TIME") {
-                failures.push(format!("lua/{script} has no `local now =` preamble"));
+            // A script that never reads the time (`reset.lua`) takes no `now_ms`.
+            if text.contains("now_ms") || calls(&lines, "now_of") {
+                failures.push(format!("lua/{script} has no `local now = now_of(now_arg)`"));
             }
             continue;
         };
-        let end = (start..lines.len())
-            .find(|&i| lines[i] == "end")
-            .unwrap_or(lines.len() - 1);
-        let found = block(&lines[start..=end]);
-        if found != TIME_PREAMBLE {
+        if lines[start] != "local now = now_of(now_arg)" {
             failures.push(format!(
-                "lua/{script}:{}: the TIME preamble differs from the canonical one in tests/lua_helpers.rs \
-                 (- canonical, + {script}):\n{}",
-                start + 1,
-                difference(TIME_PREAMBLE, &found)
+                "lua/{script}:{}: the clock is read as `local now = now_of(now_arg)`",
+                start + 1
             ));
         }
-        let times = text.matches("redis.call('TIME')").count();
-        if times != 1 {
-            failures.push(format!("lua/{script} calls TIME {times} times; only the preamble may"));
-        }
-        // The argument index is the one difference: `local now_arg = N`, before the preamble, N a header's now_ms.
+        // The argument index is the one difference: `local now_arg = N`, before it, N a header's now_ms.
         match lines[..start].iter().find_map(|l| l.strip_prefix("local now_arg = ")) {
-            None => failures.push(format!("lua/{script} has no `local now_arg = N` before the preamble")),
+            None => failures.push(format!(
+                "lua/{script} has no `local now_arg = N` before reading the clock"
+            )),
             Some(n) => {
                 let cited = format!("-- ARGV[{}]", n.trim());
                 let in_header = header(&text)
@@ -241,59 +214,34 @@ fn time_preamble_is_identical_in_every_script() {
     check(failures);
 }
 
-/// The scripts that share the token bucket's hash, and the functions that read, convert and write it.
+/// The scripts that share the token bucket's hash.
 const TOKEN_SCRIPTS: [&str; 4] = [
     "token_bucket.lua",
     "token_return.lua",
     "token_acquire.lua",
     "token_lease.lua",
 ];
-const TOKEN_STATE: [&str; 5] = ["gcd", "rescale", "load_bucket", "save_bucket", "note_room"];
 
-/// One bucket, one reading of it: a state written by any token script (and one written before the hash recorded
-/// its parameters) is refilled, converted after a reload and stored by the same code in each (invariant 11).
+/// One bucket, one reading of it: every token script reads the bucket with `load_bucket` and writes it with
+/// `save_bucket` of `lua/lib/bucket.lua` alone (invariant 11).
 #[test]
 fn token_scripts_read_convert_and_store_the_bucket_alike() {
     let mut failures = Vec::new();
     let all = scripts();
-    let text = |name: &str| {
-        all.iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t.as_str())
-            .unwrap_or_default()
-    };
-    for name in TOKEN_STATE {
-        let Some((_, canonical)) = definition(TOKEN_SCRIPTS[0], text(TOKEN_SCRIPTS[0]), name) else {
-            failures.push(format!("lua/{} does not define {name}", TOKEN_SCRIPTS[0]));
+    for script in TOKEN_SCRIPTS {
+        let Some((_, t)) = all.iter().find(|(n, _)| n == script) else {
+            failures.push(format!("lua/{script} is missing"));
             continue;
         };
-        for script in &TOKEN_SCRIPTS[1..] {
-            match definition(script, text(script), name) {
-                None => failures.push(format!("lua/{script} does not define {name}")),
-                Some((line, found)) if found != canonical => failures.push(format!(
-                    "lua/{script}:{}: {name} differs from token_bucket.lua's (- token_bucket.lua, + {script}):\n{}",
-                    line + 1,
-                    difference(&canonical, &found)
-                )),
-                Some(_) => {}
-            }
-        }
-    }
-    for script in TOKEN_SCRIPTS {
-        let t = text(script);
         // The bucket's fields are written by save_bucket alone, its notes of room by note_room (and their rooms by
-        // token_return.lua's give-back); token_lease.lua also writes the bucket's turn, and token_return.lua its
-        // hold.
+        // token_return.lua's give-back); token_lease.lua also writes the bucket's turn.
         let other_writes = (t.lines())
             .filter(|l| {
                 let l = code(l);
-                l.contains("redis.call('HSET'")
-                    && !l.contains("'turn'")
-                    && !l.contains("'hold'")
-                    && !l.contains("'rooms'")
+                l.contains("redis.call('HSET'") && !l.contains("'turn'") && !l.contains("'rooms'")
             })
             .count();
-        if other_writes != 1 || !t.contains("save_bucket(KEYS[1]") || !t.contains("load_bucket(KEYS[1]") {
+        if other_writes != 0 || !t.contains("save_bucket(KEYS[1]") || !t.contains("load_bucket(KEYS[1]") {
             failures.push(format!(
                 "lua/{script} must read the bucket with load_bucket and write it only with save_bucket"
             ));
@@ -305,7 +253,7 @@ fn token_scripts_read_convert_and_store_the_bucket_alike() {
 #[test]
 fn no_math_floor_outside_idiv() {
     let mut failures = Vec::new();
-    for (script, text) in scripts() {
+    for (script, text) in scripts().into_iter().chain(libs()) {
         let idiv = definition(&script, &text, "idiv").map(|(line, def)| line..line + def.lines().count());
         for (i, line) in text.lines().enumerate() {
             let inside_idiv = idiv.as_ref().is_some_and(|lines| lines.contains(&i));
@@ -350,6 +298,13 @@ fn headers_name_keys_argv_reply_and_cite_files_that_exist() {
             }
         }
     }
+    for (lib, text) in libs() {
+        for path in cited_paths(&text) {
+            if !root().join(&path).exists() {
+                failures.push(format!("lua/lib/{lib} cites {path}, which does not exist"));
+            }
+        }
+    }
     check(failures);
 }
 
@@ -364,6 +319,7 @@ fn cited_paths(header: &str) -> Vec<String> {
             continue;
         }
         let path = match word.split_once('/') {
+            Some(("lib", _)) => format!("lua/{word}"),
             Some(_) => word.to_owned(),
             None if word.ends_with(".lua") => format!("lua/{word}"),
             None if word.ends_with(".md") => word.to_owned(),

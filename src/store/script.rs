@@ -1,6 +1,27 @@
 //! The scripts of `lua/`: their names (the `script` metric label) and their source, loaded once per server
 //! (`redis.rs`) and mirrored by the in-process store (`memory.rs`).
 
+/// `lua/NAME.lua` after `lua/lib/common.lua`.
+macro_rules! script {
+    ($name:literal) => {
+        concat!(
+            include_str!("../../lua/lib/common.lua"),
+            include_str!(concat!("../../lua/", $name, ".lua"))
+        )
+    };
+}
+
+/// A token script, `lua/NAME.lua`, after `lua/lib/common.lua` and `lua/lib/bucket.lua`.
+macro_rules! bucket_script {
+    ($name:literal) => {
+        concat!(
+            include_str!("../../lua/lib/common.lua"),
+            include_str!("../../lua/lib/bucket.lua"),
+            include_str!(concat!("../../lua/", $name, ".lua"))
+        )
+    };
+}
+
 /// The scripts of `lua/`: one per algorithm, the give-backs, the fleet's roster and `reset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Script {
@@ -50,20 +71,22 @@ impl Script {
         }
     }
 
-    /// The script's source text.
+    /// The script's source text: `lua/lib/common.lua` (the integer helpers and the clock), for a token script
+    /// `lua/lib/bucket.lua` (the bucket's hash), then `lua/NAME.lua`. Redis runs each script on its own, so
+    /// what they share is put in front of each rather than loaded once.
     pub(crate) fn source(self) -> &'static str {
         match self {
-            Self::TokenBucket => include_str!("../../lua/token_bucket.lua"),
-            Self::TokenReturn => include_str!("../../lua/token_return.lua"),
-            Self::SlidingLog => include_str!("../../lua/sliding_log.lua"),
-            Self::FixedWindow => include_str!("../../lua/fixed_window.lua"),
-            Self::SlidingWindow => include_str!("../../lua/sliding_window.lua"),
-            Self::LeakyBucket => include_str!("../../lua/leaky_bucket.lua"),
-            Self::LeakyReturn => include_str!("../../lua/leaky_return.lua"),
-            Self::TokenAcquire => include_str!("../../lua/token_acquire.lua"),
-            Self::Reset => include_str!("../../lua/reset.lua"),
-            Self::Fleet => include_str!("../../lua/fleet.lua"),
-            Self::TokenLease => include_str!("../../lua/token_lease.lua"),
+            Self::TokenBucket => bucket_script!("token_bucket"),
+            Self::TokenReturn => bucket_script!("token_return"),
+            Self::SlidingLog => script!("sliding_log"),
+            Self::FixedWindow => script!("fixed_window"),
+            Self::SlidingWindow => script!("sliding_window"),
+            Self::LeakyBucket => script!("leaky_bucket"),
+            Self::LeakyReturn => script!("leaky_return"),
+            Self::TokenAcquire => bucket_script!("token_acquire"),
+            Self::Reset => script!("reset"),
+            Self::Fleet => script!("fleet"),
+            Self::TokenLease => bucket_script!("token_lease"),
         }
     }
 }

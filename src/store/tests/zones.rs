@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::harness::{r, step, EveryStore, Step};
 use crate::rule::{Calendar, Zone};
+use crate::store::call::Script;
 use crate::store::Call;
 
 const HOUR: u64 = 3_600_000;
@@ -207,7 +208,7 @@ async fn the_server_clock_picks_the_window() {
     let mut conn = redis::Client::open(stores.server.url())
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .expect("connection");
-    let script = include_str!("../../../lua/fixed_window.lua");
+    let script = Script::FixedWindow.source();
     let stale: Result<redis::Value, _> = redis::cmd("EVAL")
         .arg(script)
         .arg(2)

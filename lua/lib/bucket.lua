@@ -1,0 +1,124 @@
+-- lib/bucket.lua — the token bucket's hash, read, converted and written alike by every token script
+-- (token_bucket.lua, token_lease.lua, token_acquire.lua, token_return.lua): src/store/script.rs puts it, after
+-- lib/common.lua, in front of each of them, since Redis runs every script on its own. Mirrors
+-- src/algorithm/token_bucket.rs and src/algorithm/room.rs.
+
+local function gcd(a, b) -- greatest common divisor of integers ≥ 1
+  while b > 0 do a, b = b, a - idiv(a, b) * b end
+  return a
+end
+-- `level` in 1/`from` token as 1/`to` token, rounded down: with g = gcd(from, to), o = from / g, p = to / g
+-- and level = q·o + r, it is q·p + floor(r·p / o), exact; where o·p reaches 2^53 the second term (under a token)
+-- is dropped.
+local function rescale(level, from, to)
+  if from == to then return level end
+  local g = gcd(from, to)
+  local o, p = idiv(from, g), idiv(to, g)
+  local q = idiv(level, o)
+  if o * p < 9007199254740992 then return q * p + idiv((level - q * o) * p, o) end
+  return q * p
+end
+-- The bucket at `now` in this call's parameters (invariant 11): nil when missing (full); else the stored level
+-- refilled since ts at the parameters it was computed with, capped at that capacity, then rescaled to this per and
+-- capped at this capacity. A key written before capacity and rate were recorded reads them as this call's. The third
+-- value says whether it was computed with this call's parameters (a call that changes nothing then writes nothing).
+-- The fourth is `pend`: tokens that paced leases were granted and have not released yet (token_lease.lua), an
+-- upper bound kept as `pend` tokens at `pend_ts` falling linearly to 0 at `pend_end` (ms). The level refills to at
+-- most capacity − pend: the level and the tokens still to be released never hold more than the capacity together.
+-- The fifth says whether the bucket keeps notes of room (note_room: a lease since it was last full or reloaded).
+local function load_bucket(key, capacity, rate, per, now)
+  local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate', 'pend', 'pend_ts', 'pend_end',
+    'rooms_from')
+  local level, ts = tonumber(s[1]), tonumber(s[2])
+  if level == nil or ts == nil then return nil, now, true, 0, false end
+  local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
+  local was_rate = tonumber(s[5]) or rate
+  if was_per < 1 then was_per = per end
+  if now > ts then
+    level = level + (now - ts) * was_rate
+    ts = now
+  end
+  if level > was_capacity * was_per then level = was_capacity * was_per end
+  level = rescale(level, was_per, per)
+  if level > capacity * per then level = capacity * per end
+  local same = was_per == per and was_capacity == capacity and was_rate == rate
+  -- Rooms noted under other parameters mean nothing under these (note_room): a reload forgets them. Every caller
+  -- that gets `same = false` saves the bucket.
+  if not same then redis.call('HDEL', key, 'rooms_from', 'stamps', 'rooms') end
+  local noted = same and tonumber(s[9]) ~= nil
+  local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
+  if pend <= 0 or now >= pend_end then return level, ts, same, 0, noted end
+  local from = tonumber(s[7]) or now
+  if now > from then pend = cdiv(pend * (pend_end - now), pend_end - from) end
+  if level > (capacity - pend) * per then level = (capacity - pend) * per end
+  return level, ts, same, pend, noted
+end
+-- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
+-- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
+-- unless paced; any other expires when it would be full again and no pace is left, never at rate 0 (expiring
+-- would refill a stock).
+local function save_bucket(key, level, ts, capacity, rate, per, pace)
+  local full = capacity * per
+  -- A paced bucket keeps its hash, full or not, until its leases have released everything.
+  local pend_end = redis.call('HGET', key, 'pend_end')
+  local paced = (tonumber(pend_end or '0') or 0) - ts
+  if pace then paced = pace[2] - ts end
+  if level >= full and paced <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  if level > full then level = full end
+  -- Pending fields whose line has ended go: the hash then reads as one no paced lease has written.
+  if not pace and paced <= 0 and pend_end then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
+  local f = { 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity), 'rate', int(rate) }
+  if pace then
+    for _, v in ipairs({ 'pend', int(pace[1]), 'pend_ts', int(ts), 'pend_end', int(pace[2]) }) do f[#f + 1] = v end
+  end
+  redis.call('HSET', key, unpack(f))
+  if rate == 0 then
+    redis.call('PERSIST', key)
+    return
+  end
+  local ttl = cdiv(full - level, rate)
+  if paced > ttl then ttl = paced end
+  redis.call('PEXPIRE', key, int(ttl))
+end
+
+-- Notes a change of the bucket's level (src/algorithm/room.rs), after save_bucket (a bucket deleted full keeps
+-- no notes): its stamp (ms × 1000 plus a count within the ms, only growing) and `room`, the whole tokens the level
+-- could take up to the top just before the change, in the staircase `rooms` ("stamp:room,...", stamps and rooms
+-- increasing; a new step removes the earlier ones with as much room; beyond 16 steps the two neighbours whose
+-- rooms differ least merge into the later stamp with the lower room). A lease's grant starts the notes
+-- (`rooms_from`, its stamp); any other change is noted only once they have started. A give-back that added
+-- `added` tokens from the lease stamped `since` first lowers every room noted after that stamp by them (the level
+-- would have been that much higher there). Returns the stamp, 0 when nothing is noted.
+local function note_room(key, room, lease, now, since, added)
+  local s = redis.call('HMGET', key, 'level', 'rooms_from', 'stamps', 'rooms')
+  local from, last = tonumber(s[2]) or 0, tonumber(s[3]) or 0
+  if not s[1] or (from == 0 and not lease) then return 0 end
+  local stamp = last + 1
+  if now * 1000 > stamp then stamp = now * 1000 end
+  if from == 0 then from = stamp end
+  local steps = {}
+  for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do
+    steps[#steps + 1] = { tonumber(m), tonumber(r) }
+    if since and steps[#steps][1] > since then steps[#steps][2] = steps[#steps][2] - added end
+  end
+  while #steps > 0 and steps[#steps][2] >= room do steps[#steps] = nil end
+  if #steps == 16 then
+    local i, least = 1, nil
+    for j = 1, 15 do
+      local rise = steps[j + 1][2] - steps[j][2]
+      if rise < 0 then rise = 0 end
+      if least == nil or rise < least then i, least = j, rise end
+    end
+    if steps[i][2] < steps[i + 1][2] then steps[i + 1][2] = steps[i][2] end
+    table.remove(steps, i)
+  end
+  steps[#steps + 1] = { stamp, room }
+  local f = {}
+  for i, step in ipairs(steps) do f[i] = int(step[1]) .. ':' .. int(step[2]) end
+  redis.call('HSET', key, 'rooms_from', int(from), 'stamps', int(stamp), 'rooms', table.concat(f, ','))
+  return stamp
+end
+

@@ -1,0 +1,18 @@
+-- lib/common.lua — the integer helpers and the clock every script of lua/ uses: src/store/script.rs puts it in
+-- front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+-- ms: ARGV[arg] when the caller passed now_ms there (tests replay sequences), else the Redis server's TIME.
+local function now_of(arg)
+  local now = tonumber(ARGV[arg])
+  if now then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+end
+
