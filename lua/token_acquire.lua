@@ -11,6 +11,9 @@
 -- ARGV[4]  cost         tokens, integer ≥ 1
 -- ARGV[5]  max_wait_ms  the longest the caller may wait
 -- ARGV[6]  now_ms       optional; when absent the Redis server's TIME is used
+-- ARGV[7]  adopted_ms   optional, after now_ms (then given, or empty for TIME): when the caller adopted these
+--                        parameters, ms since the Unix epoch (absent: 0). lib/bucket.lua's load_bucket decides a call
+--                        adopted before the hash's `adopted` with the hash's parameters
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms }
 --   granted         cost, or 0 when the wait would exceed max_wait_ms (or never ends: cost > capacity, or rate 0
@@ -35,9 +38,11 @@ if not (capacity and rate and per and cost and max_wait) or capacity < 1 or rate
   return redis.error_reply('ERR token_acquire: bad arguments (capacity, rate, per_ms, cost, max_wait_ms)')
 end
 local now = now_of(now_arg)
+local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
+local level, ts, same, pend, noted, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
 local full = capacity * per
-local level, ts, same, pend, noted = load_bucket(KEYS[1], capacity, rate, per, now)
 if level == nil then level = full end
 local function reset_after_of(l)
   if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
@@ -45,17 +50,17 @@ end
 local function left(l) if l < 0 then return 0 end return idiv(l, per) end
 
 if cost > capacity or (rate == 0 and level < cost * per) then
-  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
   return { 0, left(level), -1, reset_after_of(level) }
 end
 local wait = 0
 if level < 0 then wait = cdiv(-level, rate) end
 if wait > max_wait then
-  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+  if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
   return { 0, left(level), wait - max_wait, reset_after_of(level) }
 end
 local room = idiv((capacity - pend) * per - level, per)
 level = level - cost * per
-save_bucket(KEYS[1], level, ts, capacity, rate, per)
+save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted)
 if noted then note_room(KEYS[1], room, false, now) end
 return { cost, left(level), wait, reset_after_of(level) }

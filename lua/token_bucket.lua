@@ -14,6 +14,10 @@
 -- KEYS[2]  the ban (a string: ms until which the key is banned)
 -- ARGV[6]  ban_ms     after a refusal, refuse the key this long
 -- ARGV[7]  now_ms     optional, as above
+--
+-- ARGV[7], or ARGV[8] with the ban: adopted_ms, optional, after now_ms (then given, or empty for TIME): when the
+--          caller adopted these parameters, ms since the Unix epoch (absent: 0); lib/bucket.lua's load_bucket
+--          decides a call adopted before the hash's `adopted` with the hash's parameters
 -- A banned key is refused with retry_after_ms = the ban's rest. (A `hold` field a process older than 2026-11-28
 -- wrote after a debit is ignored: nothing is sold on credit any more.)
 --
@@ -45,9 +49,11 @@ if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or
   return redis.error_reply('ERR token_bucket: bad arguments (capacity, rate, per_ms, min, max)')
 end
 local now = now_of(now_arg)
+local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
+local level, ts, same, pend, noted, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
 local full = capacity * per
-local level, ts, same, pend, noted = load_bucket(KEYS[1], capacity, rate, per, now)
 if level == nil then level = full end
 
 local function reset_after_of(l)
@@ -60,7 +66,7 @@ if ban_key then
   local banned_until = tonumber(redis.call('GET', ban_key) or '0') or 0
   if banned_until > now then
     local left = banned_until - now
-    if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+    if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
     return { 0, whole(level), left, at_least(reset_after_of(level), left) }
   end
 end
@@ -92,6 +98,6 @@ if granted == 0 and ban_ms > 0 and not peek then
   reset_after = at_least(reset_after, ban_ms)
 end
 
-if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per) end
+if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
 if granted > 0 and noted then note_room(KEYS[1], room, false, now) end
 return { granted, whole(level), retry_after, reset_after }

@@ -14,6 +14,9 @@
 -- ARGV[8]  chunk_ms   integer ≥ 0: one every this many ms from when it was sent, each spent within the lease TTL of
 --                     its release (invariant 1)
 -- ARGV[9]  now_ms     optional; when absent the Redis server's TIME is used (tests pass it to replay sequences)
+-- ARGV[10] adopted_ms optional, after now_ms (then given, or empty for TIME): when the caller adopted these
+--                     parameters, ms since the Unix epoch (absent: 0); lib/bucket.lua's load_bucket decides a call
+--                     adopted before the hash's `adopted` with the hash's parameters
 --
 -- Reply: { granted, remaining, retry_after_ms, reset_after_ms, stamp }
 --   granted         tokens granted: 0, or between min and max
@@ -57,9 +60,11 @@ if not (capacity and rate and per and min and max and batch and chunk and chunk_
 end
 local now_arg = 9
 local now = now_of(now_arg)
+local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
+local level, ts, same, pend, _, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
 local full = capacity * per
-local level, ts, same, pend = load_bucket(KEYS[1], capacity, rate, per, now)
 if level == nil then level = full end
 
 local function reset_after_of(l)
@@ -108,7 +113,7 @@ if chunk > 0 and chunk_ms > 0 and granted > chunk then
   pace = { pend + granted, pend_end }
 end
 
-if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, pace) end
+if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted, pace) end
 if turn and level < full then redis.call('HSET', KEYS[1], 'turn', int(turn)) end
 local stamp = 0
 if granted > 0 then stamp = note_room(KEYS[1], room, true, now) end

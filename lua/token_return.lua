@@ -16,6 +16,9 @@
 -- ARGV[6]  since      the stamp of the oldest lease the tokens given back came from (token_lease.lua's fifth
 --                     integer), -1 when none (a caller that keeps no stamps)
 -- ARGV[7]  now_ms     optional, as above
+-- ARGV[6], or ARGV[8] with the mark: adopted_ms, optional, after now_ms (then given, or empty for TIME): when the
+--          caller adopted these parameters, ms since the Unix epoch (absent: 0); lib/bucket.lua's load_bucket
+--          decides a call adopted before the hash's `adopted` with the hash's parameters
 --
 -- Reply: { accepted, remaining, 0, reset_after_ms }
 --   accepted        whole tokens actually added (what would overflow the capacity, less the tokens paced leases
@@ -39,10 +42,12 @@ if not (capacity and rate and per and n and reserved and since) or capacity < 1 
   return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [reserved, since])')
 end
 local now = now_of(now_arg)
+local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
-local full = capacity * per
 local mark = KEYS[2]
-local level, ts, _, pend, noted = load_bucket(KEYS[1], capacity, rate, per, now)
+local level, ts, _, pend, noted, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
+local full = capacity * per
 local added = mark and tonumber(redis.call('GET', mark))
 if level == nil then
   -- Nothing to add to a full bucket; the mark still says so, or a retry after a take would add.
@@ -79,7 +84,7 @@ level = level + n * per
 if level > full - pend * per then level = full - pend * per end
 local accepted = idiv(level, per) - before
 
-save_bucket(KEYS[1], level, ts, capacity, rate, per)
+save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted)
 -- A give-back of a lease's tokens lowers the rooms noted since its stamp by the n tokens it added.
 local filled = nil
 if since >= 0 then filled = since end

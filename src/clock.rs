@@ -15,6 +15,15 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     fn now_ms(&self) -> u64 {
         self.now_ns() / 1_000_000
     }
+
+    /// Milliseconds since the Unix epoch, for instants that processes compare with each other (when a process
+    /// adopted a rule's parameters: [`crate::Rule`]'s bucket in the store records the latest). The system clock,
+    /// unless the clock says otherwise: a [`TokioClock`] counts from the system clock at its origin, so that
+    /// limiters sharing one paused clock (a simulation) read the same instants; a [`FakeClock`] reads its own
+    /// time.
+    fn wall_ms(&self) -> u64 {
+        crate::rule::wall_clock_ms().try_into().unwrap_or(0)
+    }
 }
 
 /// The real monotonic clock ([`Instant`]).
@@ -48,6 +57,8 @@ impl Clock for MonotonicClock {
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
+    /// The system clock's ms since the Unix epoch at `origin`.
+    wall_origin_ms: u64,
 }
 
 impl TokioClock {
@@ -55,6 +66,7 @@ impl TokioClock {
     pub fn new() -> Self {
         Self {
             origin: tokio::time::Instant::now(),
+            wall_origin_ms: crate::rule::wall_clock_ms().try_into().unwrap_or(0),
         }
     }
 }
@@ -68,6 +80,10 @@ impl Default for TokioClock {
 impl Clock for TokioClock {
     fn now_ns(&self) -> u64 {
         nanos(self.origin.elapsed())
+    }
+
+    fn wall_ms(&self) -> u64 {
+        self.wall_origin_ms.saturating_add(self.now_ms())
     }
 }
 
@@ -94,6 +110,10 @@ impl FakeClock {
 impl Clock for FakeClock {
     fn now_ns(&self) -> u64 {
         self.now_ns.load(Ordering::SeqCst)
+    }
+
+    fn wall_ms(&self) -> u64 {
+        self.now_ms()
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
+use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::lease::bucket::LocalBucket;
 use crate::lease::heat::Heat;
@@ -85,6 +86,21 @@ fn series(rule: &Rule) -> Series {
 /// The next [`Compiled::generation`]: 0 is never handed out.
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
+/// The last [`Compiled::adopted_ms`] handed out in this process.
+static LAST_ADOPTED_MS: AtomicU64 = AtomicU64::new(0);
+
+/// An instant to adopt parameters at: `clock`'s [`Clock::wall_ms`], after every instant this process handed out
+/// before (so a reload after the system clock stepped back still supersedes what it replaces, here and in the
+/// store).
+pub(crate) fn adopted_now(clock: &dyn Clock) -> u64 {
+    let wall = clock.wall_ms();
+    let last = LAST_ADOPTED_MS.fetch_max(wall, Ordering::Relaxed);
+    if wall > last {
+        return wall;
+    }
+    LAST_ADOPTED_MS.fetch_add(1, Ordering::Relaxed) + 1
+}
+
 /// A rule as the limiter runs it.
 #[derive(Debug)]
 pub(crate) struct Compiled {
@@ -92,6 +108,11 @@ pub(crate) struct Compiled {
     /// compiled after this one was dropped may get): what caches outside the limiter key this rule by
     /// (`lease/nearby.rs`, invariant 20).
     pub(crate) generation: u64,
+    /// When this process adopted the rule's parameters (ms since the Unix epoch, [`adopted_now`]): its start, or
+    /// the reload that changed the rule. Sent with every token-bucket call; the bucket's hash keeps the latest it
+    /// saw, and a call adopted earlier reads the bucket in the hash's parameters rather than overwrite them
+    /// (invariant 11).
+    pub(crate) adopted_ms: u64,
     pub(crate) rule: Rule,
     pub(crate) fail_mode: FailMode,
     pub(crate) metrics: RuleMetrics,
@@ -125,8 +146,9 @@ impl Drop for Compiled {
 }
 
 impl Compiled {
-    /// Compiles `rule`; its own fail mode wins over `default_mode`. Registers its metric handles.
-    pub(crate) fn new(rule: Rule, default_mode: FailMode) -> Self {
+    /// Compiles `rule`, adopted at `adopted_ms` ([`adopted_now`]); its own fail mode wins over `default_mode`.
+    /// Registers its metric handles.
+    pub(crate) fn new(rule: Rule, default_mode: FailMode, adopted_ms: u64) -> Self {
         let capacities = std::iter::once(&rule.algorithm)
             .chain(rule.overrides.iter().map(|o| &o.algorithm))
             .map(Algorithm::capacity);
@@ -134,6 +156,7 @@ impl Compiled {
         let series = series(&rule);
         Self {
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
+            adopted_ms,
             leased: series.leases,
             min_capacity: capacities.min().unwrap_or(0),
             heat: OnceLock::new(),

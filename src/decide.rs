@@ -161,7 +161,7 @@ impl Engine {
     /// check never waits); the rule's fail mode decides when the store fails.
     async fn check_store(&self, compiled: &Compiled, algorithm: &Algorithm, key: &str, cost: u64) -> Decision {
         let store_key = store_key(&self.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(algorithm, &store_key, cost, &self.members);
+        let call = Call::check(algorithm, &store_key, cost, &self.members).adopted(compiled.adopted_ms);
         let sent_ns = self.clock.now_ns();
         match self.store.run(&call).await {
             Ok(reply) => {
@@ -192,7 +192,7 @@ impl Engine {
             algorithm => algorithm.clone(),
         };
         let key_in_store = store_key(&self.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(&algorithm, &key_in_store, 0, &self.members);
+        let call = Call::check(&algorithm, &key_in_store, 0, &self.members).adopted(compiled.adopted_ms);
         let reply = self.store.run(&call).await?;
         let mut decision = Decision::from_peek(&reply, self.store.source());
         let held = compiled.leases.get(key).map_or(0, |local| local.available());

@@ -134,15 +134,15 @@ impl Queue {
         });
         let store_key = store_key(&self.key_prefix, rule, key);
         let members = &self.members;
-        let call = Call::reservation(&algorithm, &store_key, cost, max_wait_ms, members).ok_or_else(|| {
-            Error::InvalidArgument {
+        let call = Call::reservation(&algorithm, &store_key, cost, max_wait_ms, members)
+            .ok_or_else(|| Error::InvalidArgument {
                 name: "rule",
                 reason: format!(
                     "acquire needs a leaky_bucket or token_bucket rule; `{rule}` is {}",
                     algorithm.name()
                 ),
-            }
-        })?;
+            })?
+            .adopted(compiled.adopted_ms);
         let started = tokio::time::Instant::now();
         let line = compiled.queues.entry(key.to_owned()).or_default().clone();
         let waiting = Waiting::new(compiled);

@@ -210,6 +210,35 @@ async fn a_reload_raising_the_rate_on_redis_does_not_admit_a_burst() {
     limiter.shutdown().await;
 }
 
+/// A rate-lowering reload is not undone by a process that has not reloaded yet (invariant 11), on a real
+/// redis-server: two limiters drain a bucket of 10 at 10/s, the first reloads to 1/s and checks once, and for
+/// two seconds the second limiter, still at 10/s, is decided with the hash's 1/s: about one check of ten passes
+/// each second (ten did in the second second when its calls wrote their 10/s back).
+#[tokio::test]
+async fn a_process_that_has_not_reloaded_keeps_a_lowered_rate_on_redis() {
+    let server = common::RedisServer::start();
+    let reloaded = common::limiter(sale(10, "1s").rules).redis(&server).build();
+    let behind = common::limiter(sale(10, "1s").rules).redis(&server).build();
+    assert_eq!(allowed(&reloaded, "sale", "k", 10).await, 10);
+    reloaded.reload(sale(1, "1s")).expect("reload");
+    assert_eq!(allowed(&reloaded, "sale", "k", 1).await, 0, "drained");
+    let start = Instant::now();
+    // real time: two seconds on redis-server's clock (the scripts refill from its TIME), ten checks after each.
+    let mut admitted = 0;
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        admitted += allowed(&behind, "sale", "k", 10).await;
+    }
+    let at_the_lowered_rate = usize::try_from(start.elapsed().as_millis() / 1_000).unwrap_or(usize::MAX) + 1;
+    assert!(
+        admitted <= at_the_lowered_rate,
+        "{admitted} of 20 checks admitted {:?} after a reload to 1/s",
+        start.elapsed()
+    );
+    reloaded.shutdown().await;
+    behind.shutdown().await;
+}
+
 /// Two limiters on one thread, each with a rule named "post" of its own limit: a decision by name is the named
 /// rule of the limiter asked, whatever rule of that name the thread decided last (`src/limiter/last_rule.rs`).
 #[tokio::test(flavor = "current_thread")]

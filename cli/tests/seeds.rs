@@ -169,7 +169,7 @@ fn healthy_fleets_never_go_over_and_sell_in_60_s_as_known() {
 #[test]
 fn the_paths_reviews_found_go_over_as_known() {
     let runs = simulate(&["--scenario", "all"]);
-    assert_eq!(runs.len(), 32, "16 scenarios x 2 modes");
+    assert_eq!(runs.len(), 34, "17 scenarios x 2 modes");
     let over: BTreeMap<String, f64> = runs
         .iter()
         .filter(|r| r["over"] == true)
@@ -182,18 +182,20 @@ fn the_paths_reviews_found_go_over_as_known() {
     );
 }
 
+/// Seed 9771 goes over (a key idle across a rate-lowering reload until its hash expired, Known limits): its
+/// clock step can go and its store hanging across the reload cannot: it is printed reduced to 2 of 3 faults.
 #[test]
 fn a_failing_seed_is_printed_reduced_with_the_command_that_replays_it() {
     let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["simulate", "--seeds", "255..256", "--mode", "closed"])
+        .args(["simulate", "--seeds", "9771..9772", "--mode", "closed"])
         .output()
         .expect("run tokenlease");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(stdout.contains("OVER THE BOUND (reduced to 1 of 4 faults)"), "{stdout}");
+    assert!(stdout.contains("OVER THE BOUND (reduced to 2 of 3 faults)"), "{stdout}");
     assert!(
-        stdout.contains("replay: tokenlease simulate --seed 255 --mode closed"),
+        stdout.contains("replay: tokenlease simulate --seed 9771 --mode closed"),
         "{stdout}"
     );
     assert!(

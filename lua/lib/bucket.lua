@@ -18,46 +18,67 @@ local function rescale(level, from, to)
   if o * p < 9007199254740992 then return q * p + idiv((level - q * o) * p, o) end
   return q * p
 end
--- The bucket at `now` in this call's parameters (invariant 11): nil when missing (full); else the stored level
--- refilled since ts at the parameters it was computed with, capped at that capacity, then rescaled to this per and
--- capped at this capacity. A key written before capacity and rate were recorded reads them as this call's. The third
--- value says whether it was computed with this call's parameters (a call that changes nothing then writes nothing).
--- The fourth is `pend`: tokens that paced leases were granted and have not released yet (token_lease.lua), an
--- upper bound kept as `pend` tokens at `pend_ts` falling linearly to 0 at `pend_end` (ms). The level refills to at
--- most capacity − pend: the level and the tokens still to be released never hold more than the capacity together.
--- The fifth says whether the bucket keeps notes of room (note_room: a lease since it was last full or reloaded).
-local function load_bucket(key, capacity, rate, per, now)
+-- The bucket at `now` (invariant 11): nil when missing (full); else the stored level refilled since ts and
+-- converted to the parameters in force. Those are the call's (capacity, rate, per, adopted), unless the hash records
+-- parameters adopted later (`adopted`: ms since the Unix epoch at which a process took them, at its start or at the
+-- reload that changed them): then the hash's, so a call of a process that has not reloaded yet, or a late give-back
+-- of a lease taken before a reload, converts the bucket and never overwrites its parameters. Across a change of
+-- parameters the time since ts refills at the lower rate (tokens per ms): a reload that lowers the rate applies from
+-- the bucket's last write, one that raises it from this call. The level is capped at the capacity it was computed
+-- with, rescaled to the per in force and capped at that capacity. A key written before capacity and rate were
+-- recorded reads them as this call's. The third value says whether the bucket was computed with the parameters in
+-- force (a call that changes nothing then writes nothing; a call adopted later than the hash says with the same
+-- parameters writes its `adopted` alone). The fourth is `pend`: tokens that paced leases were granted and have not
+-- released yet (token_lease.lua), an upper bound kept as `pend` tokens at `pend_ts` falling linearly to 0 at
+-- `pend_end` (ms). The level refills to at most capacity − pend: the level and the tokens still to be released
+-- never hold more than the capacity together. The fifth says whether the bucket keeps notes of room (note_room: a
+-- lease since it was last full or reloaded). The sixth is { capacity, rate, per, adopted } in force.
+local function load_bucket(key, capacity, rate, per, adopted, now)
   local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate', 'pend', 'pend_ts', 'pend_end',
-    'rooms_from')
+    'rooms_from', 'adopted')
   local level, ts = tonumber(s[1]), tonumber(s[2])
-  if level == nil or ts == nil then return nil, now, true, 0, false end
+  if level == nil or ts == nil then return nil, now, true, 0, false, { capacity, rate, per, adopted } end
   local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
-  local was_rate = tonumber(s[5]) or rate
+  local was_rate, was_adopted = tonumber(s[5]) or rate, tonumber(s[10]) or 0
   if was_per < 1 then was_per = per end
+  if adopted < was_adopted then
+    capacity, rate, per, adopted = was_capacity, was_rate, was_per, was_adopted
+  end
+  local same = was_per == per and was_capacity == capacity and was_rate == rate
+  if same and adopted > was_adopted then redis.call('HSET', key, 'adopted', int(adopted)) end
+  local elapsed = 0
   if now > ts then
-    level = level + (now - ts) * was_rate
+    elapsed = now - ts
     ts = now
   end
   if level > was_capacity * was_per then level = was_capacity * was_per end
-  level = rescale(level, was_per, per)
+  if not same and rate * was_per < was_rate * per then
+    level = rescale(level, was_per, per)
+    if level > capacity * per then level = capacity * per end
+    level = level + elapsed * rate
+  else
+    level = level + elapsed * was_rate
+    if level > was_capacity * was_per then level = was_capacity * was_per end
+    level = rescale(level, was_per, per)
+  end
   if level > capacity * per then level = capacity * per end
-  local same = was_per == per and was_capacity == capacity and was_rate == rate
   -- Rooms noted under other parameters mean nothing under these (note_room): a reload forgets them. Every caller
   -- that gets `same = false` saves the bucket.
   if not same then redis.call('HDEL', key, 'rooms_from', 'stamps', 'rooms') end
   local noted = same and tonumber(s[9]) ~= nil
+  local params = { capacity, rate, per, adopted }
   local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
-  if pend <= 0 or now >= pend_end then return level, ts, same, 0, noted end
+  if pend <= 0 or now >= pend_end then return level, ts, same, 0, noted, params end
   local from = tonumber(s[7]) or now
   if now > from then pend = cdiv(pend * (pend_end - now), pend_end - from) end
   if level > (capacity - pend) * per then level = (capacity - pend) * per end
-  return level, ts, same, pend, noted
+  return level, ts, same, pend, noted, params
 end
--- Stores the bucket with the parameters it is computed with, and with `pace` = { pend, pend_end } the tokens a
+-- Stores the bucket with the parameters it is computed with and when they were adopted (0: not said), and with `pace` = { pend, pend_end } the tokens a
 -- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
 -- unless paced; any other expires when it would be full again and no pace is left, never at rate 0 (expiring
 -- would refill a stock).
-local function save_bucket(key, level, ts, capacity, rate, per, pace)
+local function save_bucket(key, level, ts, capacity, rate, per, adopted, pace)
   local full = capacity * per
   -- A paced bucket keeps its hash, full or not, until its leases have released everything.
   local pend_end = redis.call('HGET', key, 'pend_end')
@@ -71,6 +92,10 @@ local function save_bucket(key, level, ts, capacity, rate, per, pace)
   -- Pending fields whose line has ended go: the hash then reads as one no paced lease has written.
   if not pace and paced <= 0 and pend_end then redis.call('HDEL', key, 'pend', 'pend_ts', 'pend_end') end
   local f = { 'level', int(level), 'ts', int(ts), 'per', int(per), 'capacity', int(capacity), 'rate', int(rate) }
+  if adopted > 0 then
+    f[#f + 1] = 'adopted'
+    f[#f + 1] = int(adopted)
+  end
   if pace then
     for _, v in ipairs({ 'pend', int(pace[1]), 'pend_ts', int(ts), 'pend_end', int(pace[2]) }) do f[#f + 1] = v end
   end

@@ -38,9 +38,24 @@ pub struct TokenBucketState {
     /// The room the level had at each change since a lease (the hash's `stamps`, `rooms` and `rooms_from`): what
     /// a give-back may add ([`TokenBucket::give_back`]).
     pub rooms: Rooms,
+    /// When the latest call to write the bucket adopted its parameters (the hash's `adopted`, ms since the Unix
+    /// epoch; 0: none said): a call adopted earlier reads the bucket in `bucket` rather than its own
+    /// ([`TokenBucketState::in_force`], invariant 11).
+    pub adopted_ms: u64,
 }
 
 impl TokenBucketState {
+    /// The parameters a call of `bucket` adopted at `adopted_ms` decides `state` with: the hash's when it
+    /// records parameters adopted later (the call's process has not reloaded yet, or a give-back of a lease
+    /// taken before a reload is late), the call's otherwise. So an older call converts the bucket, never
+    /// overwrites its parameters (`load_bucket` of `lua/lib/bucket.lua`).
+    pub(crate) fn in_force(state: Option<&Self>, bucket: TokenBucket, adopted_ms: u64) -> (TokenBucket, u64) {
+        match state {
+            Some(s) if s.adopted_ms > adopted_ms && s.bucket.per_ms > 0 => (s.bucket, s.adopted_ms),
+            _ => (bucket, adopted_ms),
+        }
+    }
+
     /// Milliseconds at which this bucket is full again at the parameters it records and its paced leases have
     /// released everything (when the Redis key expires: a script stores it with `PEXPIRE` of that rest); `None`
     /// at rate 0, which never refills.
@@ -119,19 +134,31 @@ impl TokenBucket {
                 bucket: *self,
                 paced: Pending::default(),
                 rooms: Rooms::default(),
+                adopted_ms: 0,
             };
         };
         let mut was = s.bucket;
         if was.per_ms == 0 {
             was.per_ms = self.per_ms;
         }
-        let (mut level, mut ts_ms) = (s.level, s.ts_ms);
-        if now_ms > ts_ms {
-            let added = i128::from(now_ms - ts_ms) * i128::from(was.rate);
-            level = i64::try_from((i128::from(level) + added).min(i128::from(was.full()))).unwrap_or(full);
-            ts_ms = now_ms;
-        }
-        let level = rescale(level.min(was.full()), was.per_ms, self.per_ms).min(self.top(&s.paced, now_ms));
+        let elapsed = now_ms.saturating_sub(s.ts_ms);
+        let ts_ms = s.ts_ms.max(now_ms);
+        let refilled = |level: i64, b: &TokenBucket| {
+            let added = i128::from(elapsed) * i128::from(b.rate);
+            i64::try_from((i128::from(level) + added).min(i128::from(b.full()))).unwrap_or(full)
+        };
+        // Across a change of parameters the time since `ts_ms` refills at the lower rate (tokens per ms): a
+        // reload that lowers the rate applies from the bucket's last write, one that raises it from this call.
+        let lower = u128::from(self.rate) * u128::from(was.per_ms) < u128::from(was.rate) * u128::from(self.per_ms);
+        let level = if was != *self && lower {
+            refilled(
+                rescale(s.level.min(was.full()), was.per_ms, self.per_ms).min(full),
+                self,
+            )
+        } else {
+            rescale(refilled(s.level, &was).min(was.full()), was.per_ms, self.per_ms)
+        };
+        let level = level.min(self.top(&s.paced, now_ms));
         TokenBucketState {
             level,
             ts_ms,
@@ -139,6 +166,7 @@ impl TokenBucket {
             paced: s.paced,
             // Rooms noted under other parameters mean nothing under these: a reload starts the notes again.
             rooms: if was == *self { s.rooms } else { Rooms::default() },
+            adopted_ms: s.adopted_ms,
         }
     }
 

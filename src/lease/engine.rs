@@ -330,6 +330,7 @@ impl Engine {
         // timed out after Redis granted it would strand its tokens.
         let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
             .paced(plan.pace)
+            .adopted(compiled.adopted_ms)
             .with_timeout(self.store.timeouts.lease);
         let result = self.store.run(&call).await;
         let now = clock.now_ns();
@@ -385,7 +386,8 @@ impl Engine {
         // Once: a Cluster client retries a call whose connection dropped after the script ran.
         let call = Call::give_back(&local.store_key, local.bucket, n)
             .once(self.members.next())
-            .since(since);
+            .since(since)
+            .adopted(compiled.adopted_ms);
         match self.store.run(&call).await {
             Ok(reply) => {
                 tracing::trace!(key = %local.store_key, n, since, ?reply, "give-back");

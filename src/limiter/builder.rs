@@ -122,6 +122,7 @@ impl LimiterBuilder {
         // The default clock is read every millisecond by a thread for the hot path; a given one (a fake clock in
         // tests) is read on every decision.
         let ticking = self.clock.is_none();
+
         let clock = self.clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let store = self
             .store
@@ -132,7 +133,7 @@ impl LimiterBuilder {
         config::check_expected_processes(processes).map_err(rule::invalid)?;
         self.process.validate().map_err(rule::invalid)?;
         let timeout = self.timeout.unwrap_or(config::DEFAULT_TIMEOUT);
-        let rules = compile_all(self.rules, self.fail_mode)?;
+        let rules = compile_all(self.rules, self.fail_mode, crate::compiled::adopted_now(clock.as_ref()))?;
 
         let background = Arc::new(Background::default());
         let store = Arc::new(Guarded::new(store, clock.clone(), Timeouts::from_call(timeout)));
@@ -194,8 +195,8 @@ impl LimiterBuilder {
 ///
 /// # Errors
 /// As [`compile_keeping`].
-pub(super) fn compile_all(rules: Vec<Rule>, default_mode: FailMode) -> Result<RuleMap, Error> {
-    compile_keeping(rules, default_mode, &RuleMap::default())
+pub(super) fn compile_all(rules: Vec<Rule>, default_mode: FailMode, adopted_ms: u64) -> Result<RuleMap, Error> {
+    compile_keeping(rules, default_mode, &RuleMap::default(), adopted_ms)
 }
 
 /// Compiles rules by name, keeping the compiled rule of `old` (and its leases) for a rule that did not change.
@@ -203,7 +204,12 @@ pub(super) fn compile_all(rules: Vec<Rule>, default_mode: FailMode) -> Result<Ru
 /// # Errors
 /// [`Error::InvalidArgument`] naming `rule` for a duplicate name, or `name` for a name outside `[A-Za-z0-9_.-]`
 /// (checked again here: [`Rule::name`] is a public field, set after the constructor checked it).
-pub(super) fn compile_keeping(rules: Vec<Rule>, default_mode: FailMode, old: &RuleMap) -> Result<RuleMap, Error> {
+pub(super) fn compile_keeping(
+    rules: Vec<Rule>,
+    default_mode: FailMode,
+    old: &RuleMap,
+    adopted_ms: u64,
+) -> Result<RuleMap, Error> {
     let mut map = RuleMap::default();
     for rule in rules {
         rule::check_name(&rule.name, "name").map_err(rule::invalid)?;
@@ -215,7 +221,7 @@ pub(super) fn compile_keeping(rules: Vec<Rule>, default_mode: FailMode, old: &Ru
             .get(&rule.name)
             .filter(|c| c.rule == rule && c.fail_mode == mode)
             .cloned();
-        let compiled = kept.unwrap_or_else(|| Arc::new(Compiled::new(rule, default_mode)));
+        let compiled = kept.unwrap_or_else(|| Arc::new(Compiled::new(rule, default_mode, adopted_ms)));
         map.insert(compiled.rule.name.clone(), compiled);
     }
     Ok(map)

@@ -160,7 +160,8 @@ impl Limiter {
             None => {
                 // The name is a public field: it may have been set after the constructor checked it.
                 rule::check_name(&rule.name, "name").map_err(rule::invalid)?;
-                let c = Arc::new(Compiled::new(rule.clone(), self.inner.default_fail_mode));
+                let adopted_ms = crate::compiled::adopted_now(self.inner.engine.clock.as_ref());
+                let c = Arc::new(Compiled::new(rule.clone(), self.inner.default_fail_mode, adopted_ms));
                 if self.inner.adhoc.len() < MAX_ADHOC_RULES {
                     self.inner.adhoc.insert(rule.clone(), c.clone());
                 }

@@ -39,7 +39,8 @@ impl Limiter {
             return Err(rule::invalid(("redis", why.into())));
         }
         let old = self.inner.rules.load_full();
-        let rules = compile_keeping(config.rules, config.fail_mode, &old)?;
+        let adopted_ms = crate::compiled::adopted_now(engine.clock.as_ref());
+        let rules = compile_keeping(config.rules, config.fail_mode, &old, adopted_ms)?;
         self.inner.rules.store(Arc::new(rules));
         let current = self.inner.rules.load();
         for (name, compiled) in old.iter() {

@@ -112,6 +112,9 @@ pub struct Call {
     pub(crate) now_ms: Option<u64>,
     /// A timeout for this call instead of the store's own.
     pub(crate) timeout: Option<Duration>,
+    /// A token-bucket call's `adopted_ms`: when the caller adopted the bucket's parameters
+    /// ([`crate::compiled::Compiled::adopted_ms`]); 0 says nothing (a call adopted before any other).
+    pub(crate) adopted_ms: u64,
 }
 
 /// The store key of `key` under `rule`: `{prefix}:{rule:key}`, the hash tag keeping a rule's keys for one key in
@@ -133,6 +136,7 @@ impl Call {
             op,
             now_ms: None,
             timeout: None,
+            adopted_ms: 0,
         }
     }
 
@@ -286,7 +290,9 @@ impl Call {
     /// comes next), or its slot to the queue while nobody queued behind it. `None` for other calls.
     pub(crate) fn undo(&self) -> Option<Self> {
         match &self.op {
-            Op::TokenAcquire { bucket, cost, .. } => Some(Self::give_back(self.key.clone(), *bucket, *cost)),
+            Op::TokenAcquire { bucket, cost, .. } => {
+                Some(Self::give_back(self.key.clone(), *bucket, *cost).adopted(self.adopted_ms))
+            }
             Op::LeakyBucket {
                 queue, cost, member, ..
             } => Some(Self::release(self.key.clone(), *queue, *cost, member.clone())),
@@ -359,7 +365,17 @@ impl Call {
         }
     }
 
-    /// `ARGV`, in the script's order (see each script's header), with the trailing `now_ms` when set.
+    /// This call made with parameters adopted at `adopted_ms` (ms since the Unix epoch): a token bucket's hash
+    /// keeps the latest it saw, and a call adopted earlier reads the bucket in the hash's parameters (invariant
+    /// 11). Other calls ignore it.
+    #[must_use]
+    pub(crate) fn adopted(mut self, adopted_ms: u64) -> Self {
+        self.adopted_ms = adopted_ms;
+        self
+    }
+
+    /// `ARGV`, in the script's order (see each script's header), with the trailing `now_ms` when set; a token
+    /// call adopted at some instant then has `now_ms` (empty when unset: the server's TIME) and `adopted_ms`.
     pub(crate) fn args(&self) -> Vec<Arg<'_>> {
         let bucket = |b: &TokenBucket| [int(b.capacity), int(b.rate), int(b.per_ms)];
         let mut args: Vec<Arg<'_>> = match &self.op {
@@ -471,8 +487,17 @@ impl Call {
                 Arg::Int(i64::from(beat.leave)),
             ],
         };
-        if let Some(now) = self.now_ms {
-            args.push(int(now));
+        let token = matches!(
+            self.op,
+            Op::TokenBucket { .. } | Op::TokenLease { .. } | Op::TokenReturn { .. } | Op::TokenAcquire { .. }
+        );
+        match self.now_ms {
+            Some(now) => args.push(int(now)),
+            None if token && self.adopted_ms > 0 => args.push(Arg::Str("")),
+            None => {}
+        }
+        if token && self.adopted_ms > 0 {
+            args.push(int(self.adopted_ms));
         }
         args
     }

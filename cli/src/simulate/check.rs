@@ -2,7 +2,8 @@
 //!
 //! - **Safety**, on every window from 0.2 s to the whole run: a token bucket's `capacity + ∫ rate` over the
 //!   window and the lease TTL before it (`capacity + rate × (W + ttl)` when no reload changed the rate; the
-//!   largest capacity across reloads); a sliding log's `limit` in any window; a sliding-window counter's `limit`
+//!   largest capacity across reloads; a reload's rate from the reload plus the longest a call sent before it
+//!   takes to reach the store, [`Outcome::limits`]); a sliding log's `limit` in any window; a sliding-window counter's `limit`
 //!   in any `sub_buckets` consecutive sub-buckets; a rolling fixed window's `limit` in each window, so at most
 //!   `2 × limit` in any window's length and `limit × ⌈L / window⌉` in the first L of the run; a leaky-bucket
 //!   queue's `rate × W + 1` releases (a job of one token). A fault no limiter on that

@@ -17,12 +17,16 @@ use super::scenario::{Event, Fault, Limit, Scenario};
 pub(super) struct Outcome {
     /// Tokens admitted in each ms since the start, at the ms the caller learned it.
     pub(super) admitted_ms: Vec<u64>,
-    /// The limit from each ms on: the first at 0, then each reload's.
+    /// The limit from each ms on: the first at 0, then each reload's, from when the store can first have applied a
+    /// call made after the reload: the reload plus the longest a call sent before it takes to reach the store (the
+    /// request's half of the round trip and the millisecond tokio's timer may round it up by, or a caller's store
+    /// timeout where a slow link or a stopped process delays calls), or the thaw of a store frozen at the reload,
+    /// which applies the calls queued before it first. Until then the calls the store applies carry the old rule.
     pub(super) limits: Vec<(u64, Limit)>,
     /// What faults no limiter on that store can mask added, from a ms on: (ms, tokens).
     pub(super) unmaskable: Vec<(u64, u64)>,
     /// The longest a granted answer takes to reach its caller, in ms: a caller counts it that much after the store
-    /// granted it (the reply's half of the round trip; a caller's store timeout where a slow link or a stopped
+    /// granted it (the reply's half of the round trip and the millisecond tokio's timer may round it up by; a caller's store timeout where a slow link or a stopped
     /// process delays replies, as a later one is a timeout).
     pub(super) reply_ms: usize,
     pub(super) decisions: u64,
@@ -115,7 +119,13 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
     outcome.reply_ms = if delayed {
         usize::try_from(CALL_TIMEOUT.as_millis()).unwrap_or(usize::MAX)
     } else {
-        usize::try_from(scenario.rtt_ms - scenario.rtt_ms / 2).unwrap_or(0)
+        // The reply's half of the round trip, and the millisecond tokio's timer may round a sleep up by.
+        usize::try_from(scenario.rtt_ms - scenario.rtt_ms / 2 + 1).unwrap_or(0)
+    };
+    let request_ms = if delayed {
+        u64::try_from(CALL_TIMEOUT.as_millis()).unwrap_or(u64::MAX)
+    } else {
+        scenario.rtt_ms / 2 + 1
     };
     let mut fleet: Vec<Process> = Vec::new();
     let total = scenario.processes + scenario.joiners.iter().map(|(_, n)| n).sum::<usize>();
@@ -194,7 +204,16 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                 Fault::Rollback => faults.snapshot(),
                 Fault::Reload(factor) => {
                     limit = limit.scaled(factor);
-                    outcome.limits.push((at, limit.clone()));
+                    // The store learns the new limit from the first call made after the reload that it applies: a
+                    // frozen store applies the calls queued before it first, at the thaw.
+                    let thaw = (scenario.faults.iter())
+                        .filter(|e| e.fault == Fault::StoreFrozen && e.from_ms <= at && at < e.until_ms)
+                        .map(|e| e.until_ms)
+                        .max()
+                        .unwrap_or(0);
+                    outcome
+                        .limits
+                        .push((at.saturating_add(request_ms).max(thaw), limit.clone()));
                     let mut config = Config::in_memory(vec![limit.rule(scenario.mode)?]);
                     config.fail_mode = scenario.mode;
                     for limiter in fleet.iter().filter_map(|p| p.limiter.as_ref()) {

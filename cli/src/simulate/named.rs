@@ -10,7 +10,7 @@ use tokenlease::{FailMode, Lease};
 use super::scenario::{Event, Fault, Limit, Scenario};
 
 /// Every named scenario: its name and what it tries.
-pub(super) const NAMES: [(&str, &str); 16] = [
+pub(super) const NAMES: [(&str, &str); 17] = [
     (
         "cut-off",
         "one process of four black-holed for 10 s while the others lease at 1.5x the rate",
@@ -51,6 +51,10 @@ pub(super) const NAMES: [(&str, &str); 16] = [
     (
         "reload-undone",
         "the rate lowered tenfold while the key is quiet 1.5 s, leases given back late",
+    ),
+    (
+        "reload-then-idle",
+        "a burst drains the key, the rate is lowered tenfold, the key idles until its hash expired, a burst",
     ),
     (
         "clock-step",
@@ -201,6 +205,11 @@ pub(super) fn scenario(name: &str, mode: FailMode) -> Result<Scenario, String> {
         "reload-undone" => {
             let mut s = sale(name, mode, 10_000, vec![at(3_000, 3_000, Fault::Reload(0.1))]);
             s.deciders = vec![(3_000, 0), (4_500, 4)];
+            s
+        }
+        "reload-then-idle" => {
+            let mut s = sale(name, mode, 10_000, vec![at(3_000, 3_000, Fault::Reload(0.1))]);
+            s.demand = vec![(0, 0), (2_000, 100_000), (2_200, 0), (6_000, 100_000), (6_300, 0)];
             s
         }
         "clock-step" => sale(name, mode, 10_000, vec![at(3_000, 3_000, Fault::ClockStep(1_000))]),

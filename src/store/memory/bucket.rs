@@ -15,7 +15,7 @@ impl MemoryStore {
     /// # Errors
     /// [`StoreError`] of kind `Other` for a call of another algorithm.
     pub(super) fn run_bucket(&self, call: &Call, now: u64) -> Result<Reply, StoreError> {
-        let key = call.key.as_str();
+        let at = (call.key.as_str(), call.adopted_ms, now);
         match &call.op {
             Op::TokenLease {
                 bucket,
@@ -23,7 +23,7 @@ impl MemoryStore {
                 max,
                 batch,
                 pace,
-            } => self.update_bucket_with(key, now, |old, _, _, fields| {
+            } => self.update_bucket_with(*bucket, at, |bucket, old, _, _, fields| {
                 let (new, next, reply) = bucket.lease((old, fields.turn_ms), (*min, *max, *batch), *pace, now);
                 fields.turn_ms = next;
                 (new, reply)
@@ -33,26 +33,28 @@ impl MemoryStore {
                 min,
                 max,
                 ban_ms,
-            } => self.update_bucket(key, now, |old, ban| {
+            } => self.update_bucket(*bucket, at, |bucket, old, ban| {
                 bucket.take_banned(old, ban, *min, *max, *ban_ms, now)
             }),
             Op::TokenAcquire {
                 bucket,
                 cost,
                 max_wait_ms,
-            } => self.update_bucket(key, now, |old, _| bucket.acquire(old, *cost, *max_wait_ms, now)),
+            } => self.update_bucket(*bucket, at, |bucket, old, _| {
+                bucket.acquire(old, *cost, *max_wait_ms, now)
+            }),
             Op::TokenReturn {
                 bucket,
                 tokens,
                 id: Some(id),
                 since,
-            } => self.update_bucket_with(key, now, |old, _, marks, _| {
+            } => self.update_bucket_with(*bucket, at, |bucket, old, _, marks, _| {
                 // A give-back to a full bucket adds nothing and still leaves its mark, so that a retry after a
                 // take adds nothing either (token_return.lua).
-                once((bucket, old, now), marks, (id, *tokens), *since)
+                once((&bucket, old, now), marks, (id, *tokens), *since)
             }),
             Op::TokenReturn { bucket, tokens, .. } => {
-                self.update_bucket(key, now, |old, _| bucket.give_back(old, *tokens, None, now))
+                self.update_bucket(*bucket, at, |bucket, old, _| bucket.give_back(old, *tokens, None, now))
             }
             _ => Err(bad_args(call, "not a token-bucket call")),
         }
@@ -63,22 +65,29 @@ impl MemoryStore {
     /// keys): a reload that raises the rate shortens it, as the script's `PEXPIRE` does.
     fn update_bucket(
         &self,
-        key: &str,
-        now: u64,
-        f: impl FnOnce(Option<TokenBucketState>, &mut Ban) -> (Option<TokenBucketState>, Reply),
+        bucket: TokenBucket,
+        at: (&str, u64, u64),
+        f: impl FnOnce(TokenBucket, Option<TokenBucketState>, &mut Ban) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
-        self.update_bucket_with(key, now, |old, ban, _, _| f(old, ban))
+        self.update_bucket_with(bucket, at, |bucket, old, ban, _, _| f(bucket, old, ban))
     }
 
     /// Applies a step to the key's bucket, ban, give-back marks and hash fields; the entry lives until the bucket
     /// is full, the ban ends and the last mark is forgotten, whichever is latest (Redis's TTLs on the keys). The
     /// fields go with the hash: once the bucket is full at a save (Redis deletes the hash), or once it would be
-    /// full (Redis expired it).
+    /// full (Redis expired it). `at` is the key, the call's `adopted_ms` and now (ms): the step runs with the
+    /// parameters in force ([`TokenBucketState::in_force`]) and the bucket it leaves records the latest adoption.
     fn update_bucket_with(
         &self,
-        key: &str,
-        now: u64,
-        f: impl FnOnce(Option<TokenBucketState>, &mut Ban, &mut Marks, &mut Fields) -> (Option<TokenBucketState>, Reply),
+        bucket: TokenBucket,
+        (key, adopted_ms, now): (&str, u64, u64),
+        f: impl FnOnce(
+            TokenBucket,
+            Option<TokenBucketState>,
+            &mut Ban,
+            &mut Marks,
+            &mut Fields,
+        ) -> (Option<TokenBucketState>, Reply),
     ) -> Result<Reply, StoreError> {
         self.update_until(key, now, |state| {
             let (mut old, mut ban, mut marks, mut fields) = match state {
@@ -92,7 +101,11 @@ impl MemoryStore {
                 old = None;
                 fields = Fields::default();
             }
-            let (new, reply) = f(old, &mut ban, &mut marks, &mut fields);
+            let (bucket, adopted_ms) = TokenBucketState::in_force(old.as_ref(), bucket, adopted_ms);
+            let (mut new, reply) = f(bucket, old, &mut ban, &mut marks, &mut fields);
+            if let Some(s) = new.as_mut() {
+                s.adopted_ms = adopted_ms;
+            }
             // A full bucket's hash is deleted, its fields with it (token buckets' save_bucket).
             if new.is_none() {
                 fields = Fields::default();

@@ -32,7 +32,7 @@ fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
 }
 
 /// A pseudo-random sequence of takes, paced leases, acquires and returns on a few keys, each call with parameters drawn
-/// afresh (so nearly every call is a reload of its key), gives identical replies and stores identical buckets on
+/// afresh (so nearly every call is a reload of its key) and adopted at one of four instants, gives identical replies and stores identical buckets on
 /// both stores. Redis's TTLs run on real time while the calls run on `now_ms`, so the test plays them on `now_ms`
 /// instead: it removes each TTL as the call sets it and deletes a key once its bucket would be full again, as the
 /// TTL would have.
@@ -70,6 +70,7 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
     // The stamps of the last leases granted, newest first.
     let mut stamps: Vec<u64> = Vec::new();
     let mut capped = 0;
+    let mut older = 0;
     for i in 0..800 {
         let k = next(3);
         let (cap, rate, per) = params[usize::try_from(if reloads { next(6) } else { 3 * k % 6 + 1 }).expect("idx")];
@@ -103,6 +104,10 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
                 take(&key, params, min, min + next(5), now)
             }
         };
+        // With reloads, each call adopted its parameters at one of four instants: a call adopted before the
+        // hash's is decided with the hash's parameters.
+        let call = call.adopted(if reloads { next(4) * 1_000 } else { 0 });
+        older += usize::from(redis_bucket(&mut con, &key).is_some_and(|s| s.adopted_ms > call.adopted_ms));
         let a = run_persisting(&mut con, &call);
         let b = memory.run(&call).await.expect("memory");
         assert_eq!(a, b, "step {i}: {call:?}");
@@ -129,5 +134,10 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
     }
     if !reloads {
         assert!(capped >= 10, "only {capped} give-backs were capped by their notes");
+    } else {
+        assert!(
+            older >= 50,
+            "only {older} calls were adopted before the hash's parameters"
+        );
     }
 }

@@ -332,6 +332,7 @@ pub(super) fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<Tok
             "pend_end",
             "rooms_from",
             "stamps",
+            "adopted",
         ])
         .query(con)
         .expect("HMGET");
@@ -347,6 +348,7 @@ pub(super) fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<Tok
             until_ms: uint(7),
         },
         rooms: Rooms::from_fields(uint(8), uint(9), rooms.as_deref().unwrap_or("")),
+        adopted_ms: uint(10),
     };
     let full = i64::try_from(uint(3).saturating_mul(uint(2))).unwrap_or(i64::MAX);
     (state.level < full).then_some(state)
@@ -408,6 +410,68 @@ async fn a_reload_raising_the_rate_admits_no_burst() {
         }
         assert_eq!(admitted, 1, "{name}: ten checks at 1 s after a reload at 900 ms");
     }
+}
+
+/// A reload that lowers the rate applies from the bucket's last write, not from the first call after it: 10 at
+/// 2/s drained at 0 by a process that adopted its rule at 1 000; at 1 000 a process that reloaded to 1/s at
+/// 2 000 finds 1 token, not the 2 the old rate refilled (invariant 11). Then a process that has not reloaded
+/// (adopted at 1 000, 2/s) is decided with the hash's 1/s: its take, lease, give-back and pay-later acquire
+/// never overwrite the parameters, and the hash keeps the latest adoption. Both stores, replies and stored
+/// buckets after every step.
+#[tokio::test]
+async fn a_reload_lowering_the_rate_holds_against_calls_adopted_before_it() {
+    let stores = EveryStore::start();
+    let key = "tl:{adopt:k}";
+    let (old, new) = ((10, 2, 1_000), (10, 1, 1_000));
+    let lease = Call::lease(key, bucket(old), (1, 5), 5).at(2_000).adopted(1_000);
+    let steps = vec![
+        step(
+            "drained, 2/s",
+            take(key, old, 10, 10, 0).adopted(1_000),
+            r(10, 0, 0, 5_000),
+        ),
+        step(
+            "reloaded: 1 s at 1/s",
+            take(key, new, 1, 5, 1_000).adopted(2_000),
+            r(1, 0, 0, 10_000),
+        ),
+        step(
+            "not reloaded: 0.5 s at 1/s",
+            take(key, old, 1, 5, 1_500).adopted(1_000),
+            r(0, 0, 500, 9_500),
+        ),
+        step(
+            "not reloaded, a lease: 1 token at 1/s",
+            lease,
+            Reply {
+                stamp: 2_000_000,
+                ..r(1, 0, 3_000, 10_000)
+            },
+        ),
+        step(
+            "not reloaded, a give-back",
+            Call::give_back(key, bucket(old), 1).at(2_100).adopted(1_000),
+            r(1, 1, 0, 8_900),
+        ),
+        step(
+            "not reloaded, a pay-later acquire",
+            Call::acquire(key, bucket(old), 3, 10_000).at(2_100).adopted(1_000),
+            r(3, 0, 0, 11_900),
+        ),
+        step(
+            "reloaded, 5 s at 1/s less the debt",
+            take(key, new, 1, 5, 7_100).adopted(2_000),
+            r(3, 0, 0, 9_900),
+        ),
+    ];
+    replay_side_by_side(&stores, &steps).await;
+    let mut con = connect(&stores.server);
+    let kept = redis_bucket(&mut con, key).map(|s| (s.bucket, s.adopted_ms));
+    assert_eq!(
+        kept,
+        Some((bucket(new), 2_000)),
+        "the hash keeps the reload's parameters"
+    );
 }
 
 /// A hash written before it recorded its parameters (`level`, `ts`, `per` only) reads them as the call's: a
