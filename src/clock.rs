@@ -4,6 +4,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// This machine's wall clock in ms since the Unix epoch (0 before it): the instant a process adopts a rule's
+/// parameters at ([`Clock::wall_ms`]), and the client's guess of the window that `fixed_window.lua` then picks
+/// by the Redis server's `TIME`.
+pub(crate) fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// A monotonic clock in nanoseconds since an arbitrary, fixed origin.
 ///
 /// Lease deadlines, "exhausted until" marks and the in-process store's timestamps read it.
@@ -22,7 +31,7 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     /// limiters sharing one paused clock (a simulation) read the same instants; a [`FakeClock`] reads its own
     /// time.
     fn wall_ms(&self) -> u64 {
-        crate::rule::wall_clock_ms().try_into().unwrap_or(0)
+        wall_clock_ms().try_into().unwrap_or(0)
     }
 }
 
@@ -66,7 +75,7 @@ impl TokioClock {
     pub fn new() -> Self {
         Self {
             origin: tokio::time::Instant::now(),
-            wall_origin_ms: crate::rule::wall_clock_ms().try_into().unwrap_or(0),
+            wall_origin_ms: wall_clock_ms().try_into().unwrap_or(0),
         }
     }
 }
@@ -121,6 +130,32 @@ impl Clock for FakeClock {
 mod tests {
     use super::*;
 
+    /// The ticker thread stops (as when it is starved, or its process was stopped and resumed before it ran):
+    /// its reading stands still, and an admission's, which reads the kernel's coarse clock too, does not.
+    #[test]
+    fn a_reading_that_stood_still_is_seen_by_the_coarse_clock() {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        let recent = Recent::ticking(clock.clone());
+        let Some(ticker) = recent.ticker.clone() else {
+            return; // no thread could be started: the clock is read on every call
+        };
+        ticker.stop.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(10));
+        let stood = recent.now_ns();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(recent.now_ns(), stood, "the ticker stopped");
+        let before = clock.now_ns();
+        let confirmed = recent.confirmed_ns();
+        let after = clock.now_ns();
+        assert!(confirmed >= before, "an admission read a reading 100 ms behind");
+        // Early by at most a kernel tick (10 ms at the coarsest) and the ticker's two: deadlines are not cut short.
+        assert!(
+            confirmed <= after + 12_000_000,
+            "{} ms ahead",
+            (confirmed - after) / 1_000_000
+        );
+    }
+
     #[test]
     fn a_ticking_reading_keeps_up_and_is_at_most_two_ticks_ahead() {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
@@ -155,13 +190,64 @@ const AHEAD_NS: u64 = 2 * 1_000_000;
 /// The lease engine's hot-path clock: the monotonic clock read every millisecond by a ticker thread, so that a
 /// decision costs one atomic load instead of a clock read (the idea of `quanta::Instant::recent`; quanta's
 /// reading is global and stays frozen when its upkeep thread stops, which a limiter cannot allow). It answers
-/// two ticks ahead of its last reading, so lease deadlines are met up to 2 ms early, never late, unless the
-/// ticker thread is descheduled for more than a tick. A clock given to the builder (a fake one in tests) is
-/// read directly.
+/// two ticks ahead of its last reading, so deadlines are met up to 2 ms early while the ticker keeps up. The
+/// ticker's reading stands still while its thread is starved (every core deciding) or its process was stopped
+/// and resumed before the thread ran again; a refusal on it is safe (it refuses longer), an admission is not, so
+/// an admission reads the kernel's coarse clock ([`Recent::confirmed_ns`]), which no thread of the process
+/// keeps. A clock given to the builder (a fake one in tests) is read directly.
 #[derive(Debug)]
 pub(crate) struct Recent {
     clock: Arc<dyn Clock>,
     ticker: Option<Arc<Ticker>>,
+    /// What an admission's reading is confirmed by ([`Recent::confirmed_ns`]).
+    check: Check,
+}
+
+/// What [`Recent::confirmed_ns`] reads besides the ticker.
+#[derive(Debug)]
+enum Check {
+    /// The kernel's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE` on Linux: a few ns, as fine as the kernel's
+    /// tick), mapped to the clock's scale at a tick of its own: `origin` on it is `origin_ns` on the clock, and
+    /// `tick_ns` is how far apart its ticks are.
+    Coarse {
+        origin: coarsetime::Instant,
+        origin_ns: u64,
+        tick_ns: u64,
+    },
+    /// The clock itself: no coarse clock ticks within [`CALIBRATION`], or a stalled reading in tests, whose clock
+    /// the kernel does not keep.
+    Clock,
+}
+
+/// The longest [`Check::calibrated`] waits for the coarse clock's ticks (the coarsest Linux kernel ticks every
+/// 10 ms).
+const CALIBRATION: Duration = Duration::from_millis(50);
+
+impl Check {
+    /// The coarse clock, mapped to `clock`'s scale at one of its ticks and with its tick measured between two:
+    /// about two ticks of waiting (8 ms at the usual 250 Hz). [`Check::Clock`] when it does not tick twice
+    /// within [`CALIBRATION`].
+    fn calibrated(clock: &dyn Clock) -> Self {
+        let started = Instant::now();
+        let mut ticks = Vec::with_capacity(2);
+        let mut last = coarsetime::Instant::now_without_cache_update();
+        while ticks.len() < 2 && started.elapsed() < CALIBRATION {
+            std::thread::sleep(Duration::from_micros(100));
+            let now = coarsetime::Instant::now_without_cache_update();
+            if now != last {
+                ticks.push((now, clock.now_ns()));
+                last = now;
+            }
+        }
+        match ticks[..] {
+            [(origin, origin_ns), (next, _)] => Self::Coarse {
+                origin,
+                origin_ns,
+                tick_ns: next.duration_since(origin).as_nanos(),
+            },
+            _ => Self::Clock,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -173,12 +259,18 @@ struct Ticker {
 impl Recent {
     /// Reads `clock` on every call.
     pub(crate) fn exact(clock: Arc<dyn Clock>) -> Self {
-        Self { clock, ticker: None }
+        Self {
+            clock,
+            ticker: None,
+            check: Check::Clock,
+        }
     }
 
-    /// Reads `clock` every millisecond on a thread of its own (stopped when this is dropped); reads it on every
-    /// call when the thread cannot be started.
+    /// Reads `clock` every millisecond on a thread of its own (stopped when this is dropped), after mapping the
+    /// kernel's coarse clock to it (about two kernel ticks); reads it on every call when the thread cannot be
+    /// started.
     pub(crate) fn ticking(clock: Arc<dyn Clock>) -> Self {
+        let check = Check::calibrated(clock.as_ref());
         let ticker = Arc::new(Ticker {
             ns: AtomicU64::new(clock.now_ns()),
             stop: AtomicBool::new(false),
@@ -196,11 +288,52 @@ impl Recent {
             Ok(_) => Self {
                 clock,
                 ticker: Some(ticker),
+                check,
             },
             Err(error) => {
                 tracing::warn!(%error, "no clock thread: reading the clock on every decision");
                 Self::exact(clock)
             }
+        }
+    }
+
+    /// A reading that stands still, as a ticker thread's does while it is starved or its process is stopped
+    /// (`SIGSTOP`) and resumed before the thread runs again (tests).
+    #[cfg(test)]
+    pub(crate) fn stalled(clock: Arc<dyn Clock>) -> Self {
+        let ticker = Ticker {
+            ns: AtomicU64::new(clock.now_ns()),
+            stop: AtomicBool::new(true),
+        };
+        Self {
+            clock,
+            ticker: Some(Arc::new(ticker)),
+            check: Check::Clock,
+        }
+    }
+
+    /// A time no earlier than now even when the ticker's reading stood still, for spending leased tokens: the
+    /// later of [`Recent::now_ns`] and the kernel's coarse clock a tick ahead (it runs up to a tick behind the
+    /// true time), so deadlines are met up to a kernel tick early (4 ms at 250 Hz) and never late; the clock
+    /// itself where there is no coarse clock or no ticker.
+    #[inline]
+    pub(crate) fn confirmed_ns(&self) -> u64 {
+        let Some(t) = &self.ticker else {
+            return self.clock.now_ns();
+        };
+        let reading = t.ns.load(Ordering::Relaxed).saturating_add(AHEAD_NS);
+        match &self.check {
+            Check::Coarse {
+                origin,
+                origin_ns,
+                tick_ns,
+            } => {
+                let coarse = coarsetime::Instant::now_without_cache_update()
+                    .duration_since(*origin)
+                    .as_nanos();
+                reading.max(origin_ns.saturating_add(coarse).saturating_add(*tick_ns))
+            }
+            Check::Clock => reading.max(self.clock.now_ns()),
         }
     }
 

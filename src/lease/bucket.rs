@@ -198,6 +198,12 @@ impl LocalBucket {
         Take::Empty
     }
 
+    /// Puts back `cost` tokens [`Self::try_take`] took from this thread's shard, and the decision it counted:
+    /// they were found past their deadline after all; the expiry gives them back.
+    pub(crate) fn untake(&self, cost: u64) {
+        self.tokens.untake(cost);
+    }
+
     /// Whether the last lease failed recently: decide by `fail_mode` instead of asking again.
     pub(crate) fn is_failing(&self, now_ns: u64) -> bool {
         now_ns < self.failing_until_ns.load(Ordering::Acquire)

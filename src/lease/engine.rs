@@ -118,7 +118,8 @@ pub(crate) fn unleased(bucket: &TokenBucket) -> Algorithm {
 
 impl Engine {
     /// The hot path: decides from the key's leased tokens or its cached refusal; `None` when a lease (or the
-    /// fail mode) must. The caller has checked that the key's bucket holds no expired tokens. The answer is in
+    /// fail mode) must. The caller has checked that the key's bucket holds no expired tokens at `now`, which an
+    /// admission confirms ([`crate::clock::Recent::confirmed_ns`]). The answer is in
     /// plain integers (what the hot path moves between its layers; [`Answer::decision`] builds the `Decision`
     /// once, at the end).
     #[inline(always)]
@@ -132,6 +133,13 @@ impl Engine {
         let reset_ns = local.reset_after_ns(now);
         match local.try_take(cost, now) {
             Take::Taken { remaining } => {
+                // An admission spends leased tokens: a ticker's reading may stand still (the process was stopped
+                // and resumed before the thread ran again), so their deadline is confirmed against the kernel's
+                // coarse clock. Only admissions pay for it: a refusal cannot sell what the store did not grant.
+                if local.has_expired(self.recent.confirmed_ns()) {
+                    local.untake(cost);
+                    return None;
+                }
                 if local.below_watermark(remaining, now) {
                     self.start_lease(compiled, local, 1);
                 }

@@ -330,6 +330,14 @@ impl Shards {
         self.shards.len()
     }
 
+    /// Puts back `cost` tokens [`Self::take`] took on this thread, and the allowed decision it counted there.
+    pub(crate) fn untake(&self, cost: u64) {
+        let (_, home) = self.home();
+        home.tokens.fetch_add(cost, Ordering::AcqRel);
+        // The take counted one on this shard, which counts only up: at least one is there.
+        home.allowed.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Counts a refused decision in this thread's shard (no line shared with the other cores' deciders).
     #[inline]
     pub(crate) fn refused(&self) {

@@ -37,9 +37,20 @@ pub struct LimiterBuilder {
     process: ProcessConfig,
     redis: Option<RedisConfig>,
     member: Option<String>,
+    /// The hot path's clock reading stands still (tests of a stopped process).
+    #[cfg(test)]
+    stalled: bool,
 }
 
 impl LimiterBuilder {
+    /// The hot path's reading of the clock stands still from the build on, as a ticker thread's does in a
+    /// process stopped and resumed before the thread runs again (tests).
+    #[cfg(test)]
+    pub(crate) fn stalled_clock(mut self) -> Self {
+        self.stalled = true;
+        self
+    }
+
     /// Adds a rule.
     pub fn rule(mut self, rule: Rule) -> Self {
         self.rules.push(rule);
@@ -122,7 +133,10 @@ impl LimiterBuilder {
         // The default clock is read every millisecond by a thread for the hot path; a given one (a fake clock in
         // tests) is read on every decision.
         let ticking = self.clock.is_none();
-
+        #[cfg(test)]
+        let stalled = self.stalled;
+        #[cfg(not(test))]
+        let stalled = false;
         let clock = self.clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let store = self
             .store
@@ -159,7 +173,9 @@ impl LimiterBuilder {
             store,
             fallback,
             background,
-            recent: if ticking {
+            recent: if stalled {
+                stalled_recent(clock.clone())
+            } else if ticking {
                 Recent::ticking(clock.clone())
             } else {
                 Recent::exact(clock.clone())
@@ -189,6 +205,16 @@ impl LimiterBuilder {
         }
         Ok(Limiter { inner })
     }
+}
+
+#[cfg(test)]
+fn stalled_recent(clock: Arc<dyn Clock>) -> Recent {
+    Recent::stalled(clock)
+}
+
+#[cfg(not(test))]
+fn stalled_recent(clock: Arc<dyn Clock>) -> Recent {
+    Recent::exact(clock)
 }
 
 /// Compiles rules by name.

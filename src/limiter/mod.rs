@@ -29,6 +29,8 @@ mod inspect;
 mod last_rule;
 mod lifecycle;
 mod reload;
+#[cfg(test)]
+mod stalled_tests;
 
 /// Rules built in code that are compiled once and kept; beyond this many, each call compiles its rule.
 const MAX_ADHOC_RULES: usize = 1024;

@@ -10,11 +10,11 @@ mod zone;
 
 pub use lease::Lease;
 
+pub(crate) use crate::clock::wall_clock_ms;
 pub(crate) use validate::{
     check_name, check_sub_buckets, invalid, leaky_params, parse_utc_offset, positive, token_bucket_params,
     validate_lease, whole_ms, window_params, FieldError, NO_BAN_WITH_LEASE,
 };
-pub(crate) use zone::wall_clock_ms;
 pub use zone::{Calendar, Zone};
 
 /// What the limiter does when the store fails or times out.

@@ -211,14 +211,6 @@ impl fmt::Display for Zone {
     }
 }
 
-/// This machine's wall clock in ms since the Unix epoch (0 before it): the client's guess of the window that
-/// `fixed_window.lua` then picks by the Redis server's `TIME`.
-pub(crate) fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 #[cfg(test)]
 mod tests {
     use super::Zone;
