@@ -50,6 +50,9 @@ pub struct LimiterStats {
     pub leased_tokens: u64,
     /// Leased tokens given back unused.
     pub returned_tokens: u64,
+    /// Tokens of paced leases not yet released to this process's callers, now: the store granted them (its
+    /// pending line counts them as taken) and they are sold as their chunks come, or given back at shutdown.
+    pub pending_tokens: u64,
     /// Decisions made by `fail_mode` because the store answered with an error.
     pub fail_mode_errors: u64,
     /// Decisions made by `fail_mode` because a store call timed out (a caller's long wait for a lease in flight
@@ -339,6 +342,9 @@ impl Limiter {
             beats: engine.fallback.fleet.beats(),
             leased_tokens: engine.leased_tokens.load(Ordering::Relaxed),
             returned_tokens: engine.returned_tokens.load(Ordering::Relaxed),
+            pending_tokens: (self.inner.rules.load().values())
+                .flat_map(|c| c.leases.iter().map(|l| l.value().scheduled()).collect::<Vec<_>>())
+                .sum(),
             fail_mode_errors,
             fail_mode_timeouts,
             fail_mode_circuit_open,

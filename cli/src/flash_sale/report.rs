@@ -30,6 +30,10 @@ pub(super) struct Report {
     pub(super) redis_calls: u64,
     pub(super) leased_tokens: u64,
     pub(super) returned_tokens: u64,
+    /// Tokens granted to paced leases and not yet released when the sale ended (given back at the shutdown):
+    /// sold later in a sale that went on, not lost.
+    #[serde(default)]
+    pub(super) pending_tokens: u64,
     /// Refusals the limiter answered in process from a refusal it remembered (no store call).
     #[serde(default)]
     pub(super) refusals_answered: u64,
@@ -99,6 +103,7 @@ pub(super) fn merge(reports: &[Report]) -> Result<(Report, Histogram<u64>), Stri
         total.redis_calls += r.redis_calls;
         total.leased_tokens += r.leased_tokens;
         total.returned_tokens += r.returned_tokens;
+        total.pending_tokens += r.pending_tokens;
         total.refusals_answered += r.refusals_answered;
         total.peak_rss_kib = total.peak_rss_kib.max(r.peak_rss_kib);
         total.fail_mode_errors += r.fail_mode_errors;

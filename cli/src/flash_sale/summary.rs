@@ -88,6 +88,12 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             100.0 * total.admitted as f64 / bound
         );
     }
+    if total.pending_tokens > 0 {
+        println!(
+            "  pending at the end    {} (granted to paced leases, not yet released: sold later, not lost)",
+            total.pending_tokens
+        );
+    }
     println!("  rejected              {}", total.rejected);
     println!(
         "  decided by            {} from leases, {} by the store, {} by fail_mode ({whose})",
@@ -177,6 +183,7 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             "redis_calls_per_decision": calls_per_decision,
             "leased_tokens": total.leased_tokens,
             "returned_tokens": total.returned_tokens,
+            "pending_tokens": total.pending_tokens,
             "refusals_answered": total.refusals_answered,
             "peak_rss_mib": total.peak_rss_kib as f64 / 1024.0,
             "decisions_per_s": decisions_per_s,

@@ -72,6 +72,8 @@ pub(crate) struct Figures {
     /// Tokens leased from the store, and given back unused, by the whole fleet during the sale.
     pub(crate) leased: u64,
     pub(crate) returned: u64,
+    /// Tokens granted to paced leases and not yet released when the sale ended: sold later, not lost.
+    pub(crate) pending: u64,
     /// Decisions made by `fail_mode` (the store failed or timed out).
     pub(crate) fail_mode: u64,
     /// The fleet's beats during the sale (store calls of their own, not in `calls_at`).
@@ -225,6 +227,8 @@ pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
         "returned_by_second": f.returned_by_second,
         "real_s": num(f.real_s),
     });
+    // Apart from the macro: serde_json's json! recurses once per field.
+    object["pending_tokens_at_end"] = json!(f.pending);
     if let serde_json::Value::Object(fields) = &mut object {
         fields.insert("skew".into(), setup.skew.into());
         fields.insert("ops_per_s".into(), ops_json(&d.ops_per_s));
@@ -300,8 +304,9 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
         if f.worst.ratio > 1.0 { "  OVER THE BOUND" } else { "" }
     );
     println!(
-        "  leased {} tokens, gave back {}; {} decisions, {} errors, {} by fail_mode",
-        f.leased, f.returned, f.decisions, f.errors, f.fail_mode
+        "  leased {} tokens, gave back {}, {} pending at the end (granted, sold later); {} decisions, {} errors, {} \
+         by fail_mode",
+        f.leased, f.returned, f.pending, f.decisions, f.errors, f.fail_mode
     );
     println!("  calls per second     {:?}", d.calls_by_second);
     println!("  admitted per second  {:?}", f.admitted_by_second);
