@@ -222,8 +222,8 @@ fn sells(processes: u32, times: f64, least: f64) {
     assert!(
         sold >= least,
         "P = {processes} at {times}x sold {sold:.1} % of what could sell, under {least} %"
-    );    // Tokens granted to paced leases and not released at the end were taken from the bucket: with what was
-    // admitted they fit in what it could give.
+    ); // Tokens granted to paced leases and not released at the end were taken from the bucket: with what was
+       // admitted they fit in what it could give.
     let (admitted, pending) = (number(&run, "admitted"), number(&run, "pending_tokens_at_end"));
     let bound = number(&run, "bound");
     assert!(

@@ -8,7 +8,8 @@
 //!   `2 × limit` in any window's length and `limit × ⌈L / window⌉` in the first L of the run; a leaky-bucket
 //!   queue's `rate × W + 1` releases (a job of one token). A fault no limiter on that
 //!   store can mask widens the bound of the windows that end after it by what it adds, and no more: a rollback
-//!   of the store by the grants it lost, a step of its clock by `min(capacity, rate × step)` (a window's limit).
+//!   of the store by the grants it lost, a step of its clock by `min(capacity, rate × step)` (a window rule's
+//!   `limit × ⌈step / window⌉`: each window the step skips).
 //!   A caller counts a grant when its answer arrives, up to [`Outcome::reply_ms`] after the store made it: a
 //!   token bucket's windows take that as part of the TTL before them, a window rule's windows start that much
 //!   later.

@@ -257,14 +257,18 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
 }
 
 /// What a step of the store's clock by `ms` may let through: `min(capacity, rate × step)` of a token bucket; a
-/// window's limit (its window ends early once).
+/// window rule's limit for each window the step skips, `limit × ⌈step / window⌉` (a span of W on the callers'
+/// clock is W + step on the store's, which a longer step spreads over more windows).
 fn step_adds(limit: &Limit, ms: u64) -> u64 {
     match limit {
         Limit::TokenBucket { capacity, .. } => (*capacity).min((limit.rate_per_s() * ms as f64 / 1000.0).ceil() as u64),
         // The schedule's slots come the step earlier.
         Limit::LeakyQueue { .. } => (limit.rate_per_s() * ms as f64 / 1000.0).ceil() as u64,
-        Limit::SlidingLog { limit, .. } | Limit::SlidingWindow { limit, .. } | Limit::FixedWindow { limit, .. } => {
-            *limit
+        Limit::SlidingLog { limit, window }
+        | Limit::SlidingWindow { limit, window, .. }
+        | Limit::FixedWindow { limit, window } => {
+            let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+            limit.saturating_mul(ms.div_ceil(window_ms))
         }
     }
 }
@@ -406,5 +410,27 @@ mod tests {
             let heavy_sum: f64 = weights[..heavy].iter().sum();
             assert!((heavy_sum - total as f64 / 2.0).abs() < 1e-9, "{total}: {weights:?}");
         }
+    }
+
+    /// A step of the store's clock lets a window rule sell its limit again in each window it skips (seed 10206:
+    /// a sliding window of 1 s through a 1.5 s step sold 361 where one limit more allowed 290).
+    #[test]
+    fn a_clock_step_adds_a_windows_limit_for_each_window_it_skips() {
+        let window = Limit::SlidingWindow {
+            limit: 145,
+            window: Duration::from_secs(1),
+            sub_buckets: 1,
+        };
+        assert_eq!(
+            [500, 1_000, 1_500, 3_000].map(|ms| step_adds(&window, ms)),
+            [145, 145, 290, 435]
+        );
+        let bucket = Limit::TokenBucket {
+            capacity: 2_000,
+            rate: 1_000,
+            per: Duration::from_secs(1),
+            lease: None,
+        };
+        assert_eq!([500, 5_000].map(|ms| step_adds(&bucket, ms)), [500, 2_000]);
     }
 }
