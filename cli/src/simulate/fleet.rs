@@ -17,11 +17,12 @@ use super::scenario::{Event, Fault, Limit, Scenario};
 pub(super) struct Outcome {
     /// Tokens admitted in each ms since the start, at the ms the caller learned it.
     pub(super) admitted_ms: Vec<u64>,
-    /// The limit from each ms on: the first at 0, then each reload's, from when the store can first have applied a
-    /// call made after the reload: the reload plus the longest a call sent before it takes to reach the store (the
-    /// request's half of the round trip and the millisecond tokio's timer may round it up by, or a caller's store
-    /// timeout where a slow link or a stopped process delays calls), or the thaw of a store frozen at the reload,
-    /// which applies the calls queued before it first. Until then the calls the store applies carry the old rule.
+    /// The limit from each ms on: the first at 0, then each reload's. A lowered one from when the store can have
+    /// applied every call sent before the reload: the reload plus the longest such a call takes to reach the
+    /// store (the request's half of the round trip and the millisecond tokio's timer may round it up by, or a
+    /// caller's store timeout where a slow link or a stopped process delays calls), or the thaw of a store frozen
+    /// at the reload, which applies the calls queued before it first (they carry the old rule). A raised one from
+    /// the reload plus the request's half: the first a call made after it can reach the store.
     pub(super) limits: Vec<(u64, Limit)>,
     /// What faults no limiter on that store can mask added, from a ms on: (ms, tokens).
     pub(super) unmaskable: Vec<(u64, u64)>,
@@ -203,17 +204,25 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                 }
                 Fault::Rollback => faults.snapshot(),
                 Fault::Reload(factor) => {
+                    let raised = limit.scaled(factor).rate_per_s() > limit.rate_per_s();
                     limit = limit.scaled(factor);
-                    // The store learns the new limit from the first call made after the reload that it applies: a
-                    // frozen store applies the calls queued before it first, at the thaw.
+                    // A lowered limit binds once the store can have applied every call sent before the reload: a
+                    // frozen store applies the calls queued before it first, at the thaw. A raised one from the
+                    // first moment a call made after it can reach the store. In between, either rule's calls may
+                    // arrive: the higher limit counts.
                     let thaw = (scenario.faults.iter())
                         .filter(|e| e.fault == Fault::StoreFrozen && e.from_ms <= at && at < e.until_ms)
                         .map(|e| e.until_ms)
                         .max()
                         .unwrap_or(0);
-                    outcome
-                        .limits
-                        .push((at.saturating_add(request_ms).max(thaw), limit.clone()));
+                    let from = if raised {
+                        at.saturating_add(scenario.rtt_ms / 2)
+                    } else {
+                        at.saturating_add(request_ms).max(thaw)
+                    };
+                    // Reloads switch in the order they came.
+                    let from = from.max(outcome.limits.last().map_or(0, |(ms, _)| *ms));
+                    outcome.limits.push((from, limit.clone()));
                     let mut config = Config::in_memory(vec![limit.rule(scenario.mode)?]);
                     config.fail_mode = scenario.mode;
                     for limiter in fleet.iter().filter_map(|p| p.limiter.as_ref()) {
