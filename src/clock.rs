@@ -145,7 +145,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(recent.now_ns(), stood, "the ticker stopped");
         let before = clock.now_ns();
-        let confirmed = recent.confirmed_ns();
+        let confirmed = recent.confirmed_ns(recent.now_ns());
         let after = clock.now_ns();
         assert!(confirmed >= before, "an admission read a reading 100 ms behind");
         // Early by at most a kernel tick (10 ms at the coarsest) and the ticker's two: deadlines are not cut short.
@@ -312,16 +312,15 @@ impl Recent {
         }
     }
 
-    /// A time no earlier than now even when the ticker's reading stood still, for spending leased tokens: the
-    /// later of [`Recent::now_ns`] and the kernel's coarse clock a tick ahead (it runs up to a tick behind the
-    /// true time), so deadlines are met up to a kernel tick early (4 ms at 250 Hz) and never late; the clock
-    /// itself where there is no coarse clock or no ticker.
+    /// `reading` ([`Recent::now_ns`] taken for this decision) confirmed for spending leased tokens: the later of
+    /// it and the kernel's coarse clock a tick ahead (it runs up to a tick behind the true time), so deadlines are
+    /// met up to a kernel tick early (4 ms at 250 Hz) and never late even when the ticker's reading stood still;
+    /// the clock itself where there is no coarse clock; `reading` as it is without a ticker (it read the clock).
     #[inline]
-    pub(crate) fn confirmed_ns(&self) -> u64 {
-        let Some(t) = &self.ticker else {
-            return self.clock.now_ns();
-        };
-        let reading = t.ns.load(Ordering::Relaxed).saturating_add(AHEAD_NS);
+    pub(crate) fn confirmed_ns(&self, reading: u64) -> u64 {
+        if self.ticker.is_none() {
+            return reading;
+        }
         match &self.check {
             Check::Coarse {
                 origin,

@@ -136,7 +136,7 @@ impl Engine {
                 // An admission spends leased tokens: a ticker's reading may stand still (the process was stopped
                 // and resumed before the thread ran again), so their deadline is confirmed against the kernel's
                 // coarse clock. Only admissions pay for it: a refusal cannot sell what the store did not grant.
-                if local.has_expired(self.recent.confirmed_ns()) {
+                if local.has_expired(self.recent.confirmed_ns(now)) {
                     local.untake(cost);
                     return None;
                 }

@@ -133,10 +133,6 @@ impl LimiterBuilder {
         // The default clock is read every millisecond by a thread for the hot path; a given one (a fake clock in
         // tests) is read on every decision.
         let ticking = self.clock.is_none();
-        #[cfg(test)]
-        let stalled = self.stalled;
-        #[cfg(not(test))]
-        let stalled = false;
         let clock = self.clock.unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let store = self
             .store
@@ -169,17 +165,22 @@ impl LimiterBuilder {
             background: background.clone(),
             key_prefix: key_prefix.clone(),
         };
+        let recent = if ticking {
+            Recent::ticking(clock.clone())
+        } else {
+            Recent::exact(clock.clone())
+        };
+        #[cfg(test)]
+        let recent = if self.stalled {
+            Recent::stalled(clock.clone())
+        } else {
+            recent
+        };
         let engine = Arc::new(Engine {
             store,
             fallback,
             background,
-            recent: if stalled {
-                stalled_recent(clock.clone())
-            } else if ticking {
-                Recent::ticking(clock.clone())
-            } else {
-                Recent::exact(clock.clone())
-            },
+            recent,
             clock,
             key_prefix,
             process: self.process,
@@ -205,16 +206,6 @@ impl LimiterBuilder {
         }
         Ok(Limiter { inner })
     }
-}
-
-#[cfg(test)]
-fn stalled_recent(clock: Arc<dyn Clock>) -> Recent {
-    Recent::stalled(clock)
-}
-
-#[cfg(not(test))]
-fn stalled_recent(clock: Arc<dyn Clock>) -> Recent {
-    Recent::exact(clock)
 }
 
 /// Compiles rules by name.

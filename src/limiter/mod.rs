@@ -343,7 +343,7 @@ impl Limiter {
             leased_tokens: engine.leased_tokens.load(Ordering::Relaxed),
             returned_tokens: engine.returned_tokens.load(Ordering::Relaxed),
             pending_tokens: (self.inner.rules.load().values())
-                .flat_map(|c| c.leases.iter().map(|l| l.value().scheduled()).collect::<Vec<_>>())
+                .map(|c| c.leases.iter().map(|l| l.value().scheduled()).sum::<u64>())
                 .sum(),
             fail_mode_errors,
             fail_mode_timeouts,

@@ -204,8 +204,9 @@ async fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                 }
                 Fault::Rollback => faults.snapshot(),
                 Fault::Reload(factor) => {
-                    let raised = limit.scaled(factor).rate_per_s() > limit.rate_per_s();
-                    limit = limit.scaled(factor);
+                    let scaled = limit.scaled(factor);
+                    let raised = scaled.rate_per_s() > limit.rate_per_s();
+                    limit = scaled;
                     // A lowered limit binds once the store can have applied every call sent before the reload: a
                     // frozen store applies the calls queued before it first, at the thaw. A raised one from the
                     // first moment a call made after it can reach the store. In between, either rule's calls may
