@@ -136,6 +136,18 @@ impl LocalBucket {
         self.tokens.total()
     }
 
+    /// This new bucket's demand before its first lease, `per_s` decisions a second (`None`: unknown): what the
+    /// hot-key sketch counted when it made the key hot ([`super::heat::Heat::per_s`]). The first lease is sized
+    /// for it, not for `min_batch` (a warm key of a Zipf sale deciding once per TTL would lease ten tokens and give
+    /// back nine), and the next leases mix it with what they measure ([`Self::plan`]).
+    #[must_use]
+    pub(crate) fn seeded(self, per_s: Option<u64>) -> Self {
+        if let Some(per_s) = per_s {
+            self.lock().demand_per_s = per_s;
+        }
+        self
+    }
+
     /// This new bucket was made hot because the fleet spends the shared bucket: its first lease may wait to
     /// measure the demand ([`Self::first_lease_wait`]).
     #[must_use]
@@ -160,7 +172,12 @@ impl LocalBucket {
             return None;
         }
         let half_ttl = u64::try_from(self.lease.ttl.as_nanos() / 2).unwrap_or(u64::MAX);
-        let until = self.lock().last_lease_ns.saturating_add(half_ttl);
+        let mut book = self.lock();
+        // It measures the demand: the sketch's count ([`Self::seeded`]), a few decisions, would size the fleet's
+        // turns for the rest of the sale (a process of a thousand leases every few seconds).
+        book.demand_per_s = 0;
+        let until = book.last_lease_ns.saturating_add(half_ttl);
+        drop(book);
         if now_ns >= until {
             return None;
         }

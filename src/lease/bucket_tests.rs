@@ -145,6 +145,22 @@ fn no_decision_in_half_a_ttl_reads_as_a_slow_demand_not_an_unknown_one() {
     assert_eq!(early.plan(7, 1, 10 * MS).pace, Pace::default());
 }
 
+/// A warm key the hot-key sketch counted 3 times a second (under one decision per 200 ms TTL) leases what it
+/// spends in the TTL, one token, not `min_batch`: most of a batch of 10 would go back, a give-back per lease.
+/// On a saturated bucket it keeps `min_batch` (the turns are spaced for it); a key with no count leases
+/// `min_batch` as before.
+#[test]
+fn a_slow_key_leases_what_it_spends_unless_its_bucket_is_saturated() {
+    let (bucket, lease) = shipped();
+    let made = || LocalBucket::new("k", "tl:{r:k}".into(), bucket, lease, 0);
+    let slow = made().seeded(Some(3)).plan(500, 1, MS);
+    assert_eq!((slow.min, slow.max, slow.pace), (1, 1, Pace::default()), "{slow:?}");
+    let saturated = made().seeded(Some(3)).measuring().plan(500, 1, MS);
+    assert_eq!((saturated.min, saturated.max), (1, 10), "{saturated:?}");
+    let unknown = made().plan(500, 1, MS);
+    assert_eq!((unknown.min, unknown.max), (1, 10), "{unknown:?}");
+}
+
 #[test]
 fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     let (b, plan) = paced_35(grant(35));

@@ -185,10 +185,11 @@ impl Engine {
         else {
             return;
         };
+        let demand = heat.per_s(heat.estimate(hash) + 1);
         heat.raise(hash, hot_at(lease));
         // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
         // ([`LocalBucket::first_lease_wait`]).
-        self.insert_local(compiled, (bucket, lease), key, LocalBucket::measuring);
+        self.insert_local(compiled, (bucket, lease), key, |made| made.seeded(demand).measuring());
     }
 
     /// `key`'s local bucket: the one in the map, else a new one, made by `made` from an empty bucket.
@@ -221,10 +222,12 @@ impl Engine {
         let now = self.clock.now_ns();
         let period = compiled.rule.lease().unwrap_or(lease).ttl;
         let heat = compiled.heat.get_or_init(|| super::heat::Heat::new(nanos(period), now));
-        if heat.observe(compiled.hash(key), now) < hot_at(lease) {
+        let estimate = heat.observe(compiled.hash(key), now);
+        if estimate < hot_at(lease) {
             return None;
         }
-        Some(self.insert_local(compiled, (bucket, lease), key, |made| made))
+        let demand = heat.per_s(estimate);
+        Some(self.insert_local(compiled, (bucket, lease), key, |made| made.seeded(demand)))
     }
 
     /// Decides `cost` tokens of a leased rule's hot `key`: from the local bucket, or after the key's lease in

@@ -37,6 +37,17 @@ impl Heat {
         }
     }
 
+    /// The decisions a second that an `estimate` of this sketch stands for: a key decided steadily `r` times per
+    /// period reaches about `2r` (each period's count halved at the next). `None` under 3 decisions, too few to
+    /// tell a rate (a rule with `hot_after = 1` leases a key at its first decision).
+    pub(crate) fn per_s(&self, estimate: u64) -> Option<u64> {
+        if estimate < 3 {
+            return None;
+        }
+        let per_s = u128::from(estimate) * 1_000_000_000 / (2 * u128::from(self.period_ns));
+        Some(u64::try_from(per_s).unwrap_or(u64::MAX))
+    }
+
     /// The counter indexes of a key's 64-bit hash, one per row (Kirsch and Mitzenmacher's double hashing).
     fn cells(hash: u64) -> [usize; DEPTH] {
         let (h1, h2) = (hash as u32 as usize, ((hash >> 32) as usize) | 1);

@@ -17,7 +17,8 @@ impl LocalBucket {
     /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
     /// processes; once it is, the processes take the turns the bucket hands out (`token_lease.lua`) and a batch
     /// may reach `max_batch`. Never more than the demand spends within 0.9 × the TTL (the rest would go back
-    /// unspent, a give-back per lease). `cost` is what the caller needs.
+    /// unspent, a give-back per lease), on a bucket that is not saturated even less than `min_batch`. Before any
+    /// lease the demand is the hot-key sketch's count ([`Self::seeded`]). `cost` is what the caller needs.
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
         let mut book = self.lock();
@@ -87,7 +88,11 @@ impl LocalBucket {
         } else {
             batch = batch.min(fair_share.max(1));
         }
-        let batch = batch.min(spendable.max(lease.min_batch)).max(cost);
+        // Not saturated, no more than the demand spends in the TTL, even under `min_batch`: a key deciding once
+        // per TTL would give most of a `min_batch` back, a give-back per lease (half of what the warm keys of a
+        // Zipf sale leased went back so). Saturated, at least `min_batch`: the turns are spaced for it.
+        let floor = if book.saturated { lease.min_batch } else { 1 };
+        let batch = batch.min(spendable.max(floor)).max(cost);
         self.planned(&mut book, batch, (decisions, now_ns));
         // Saturated: the calls are spaced by the bucket's turns, and each takes what accumulated, however little
         // (a refusal would cost the same call and admit nothing), up to two batches (within what the demand

@@ -5,7 +5,9 @@ use std::time::Duration;
 /// How a token-bucket rule leases batches of tokens into the process (docs/ARCHITECTURE.md, invariant 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lease {
-    /// Smallest batch asked for, in tokens (≥ 1).
+    /// Smallest batch asked for, in tokens (≥ 1), but by a key whose demand spends less in the TTL on a shared
+    /// bucket that is not saturated: that key asks for what it spends (a batch it would mostly give back costs a
+    /// give-back per lease).
     pub min_batch: u64,
     /// Largest batch asked for, in tokens (≥ `min_batch`, ≤ the capacity).
     pub max_batch: u64,
