@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::bucket::{LocalBucket, Take, Unspent};
+use super::heat::FEWEST_TELLING;
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -97,14 +98,12 @@ fn refused_briefly(local: &LocalBucket, now: u64) -> Decision {
 const COOLING_TTLS: u64 = 5;
 
 /// The heat at which a key starts leasing: its `hot_after`, by default a quarter of its smallest batch of
-/// decisions and at least 3, counted by [`Heat`](super::heat::Heat) over the recent lease TTLs (each TTL's
-/// count halved at the next). A
-/// key decided steadily `r` times per TTL reaches about `2r` there, so a key leases from about an eighth of a
-/// batch per TTL: a lease and a give-back then cost fewer calls than one per decision, and the batch adapts
-/// to the demand. At least 3: 10^5 keys decided 40 000 times a second, all cold, put the sketch's counters at
-/// about 1, so a key estimated at 3 is a false positive only about once in 200 decisions.
+/// decisions and at least [`FEWEST_TELLING`] (3, the sketch's noise), counted by [`Heat`](super::heat::Heat)
+/// over the recent lease TTLs (each TTL's count halved at the next). A key decided steadily `r` times per TTL
+/// reaches about `2r` there, so a key leases from about an eighth of a batch per TTL: a lease and a give-back
+/// then cost fewer calls than one per decision, and the batch adapts to the demand.
 fn hot_at(lease: &Lease) -> u64 {
-    lease.hot_after.unwrap_or((lease.min_batch / 4).max(3))
+    lease.hot_after.unwrap_or((lease.min_batch / 4).max(FEWEST_TELLING))
 }
 
 /// A leased bucket's algorithm without its lease: what a cold key and the fail mode run in its stead.
@@ -178,14 +177,14 @@ impl Engine {
     ) {
         let drained = remaining.saturating_add(cost).saturating_add(lease.min_batch) <= bucket.capacity;
         let hash = compiled.hash(key);
-        let Some(heat) = compiled
-            .heat
-            .get()
-            .filter(|h| drained && h.estimate(hash) + 1 >= hot_at(lease))
-        else {
+        let Some(heat) = compiled.heat.get().filter(|_| drained) else {
             return;
         };
-        let demand = heat.per_s(heat.estimate(hash) + 1);
+        let estimate = heat.estimate(hash) + 1;
+        if estimate < hot_at(lease) {
+            return;
+        }
+        let demand = heat.per_s(estimate);
         heat.raise(hash, hot_at(lease));
         // Hot now, on a bucket the fleet spends: its first lease may wait to measure the demand
         // ([`LocalBucket::first_lease_wait`]).
