@@ -68,6 +68,7 @@ fn run(max_local_keys: usize, min_batch: u64, max_batch: u64) {
                         max_batch,
                         ttl: Duration::from_secs(30),
                         hot_after: None,
+                        reserve: None,
                     })
                 })
                 .expect("rule");

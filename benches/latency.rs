@@ -144,6 +144,7 @@ fn rule(leased: bool) -> Rule {
             max_batch: 500,
             ttl: Duration::from_millis(200),
             hot_after: None,
+            reserve: None,
         })
         .expect("lease")
     } else {

@@ -31,6 +31,7 @@ fn hot_rule(batch: u64) -> Rule {
                 max_batch: batch,
                 ttl: Duration::from_secs(10),
                 hot_after: None,
+                reserve: None,
             })
         })
         .expect("rule")

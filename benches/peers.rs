@@ -67,6 +67,7 @@ impl Tokenlease {
                     max_batch: 1 << 36,
                     ttl: Duration::from_secs(3600),
                     hot_after: Some(1),
+                    reserve: None,
                 })
             })
             .expect("rule");

@@ -40,7 +40,7 @@ end
 local now = now_of(now_arg)
 local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
-local level, ts, same, pend, noted, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+local level, ts, same, pend, noted, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
 capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
 local full = capacity * per
 if level == nil then level = full end
@@ -59,7 +59,7 @@ if wait > max_wait then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
   return { 0, left(level), wait - max_wait, reset_after_of(level) }
 end
-local room = idiv((capacity - pend) * per - level, per)
+local room = idiv((capacity - pend - held) * per - level, per)
 level = level - cost * per
 save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted)
 if noted then note_room(KEYS[1], room, false, now) end

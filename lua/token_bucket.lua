@@ -51,7 +51,7 @@ end
 local now = now_of(now_arg)
 local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
-local level, ts, same, pend, noted, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+local level, ts, same, pend, noted, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
 capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
 local full = capacity * per
 if level == nil then level = full end
@@ -76,7 +76,7 @@ local peek, need = min == 0, min
 if peek then need = 1 end
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)
-local room = idiv((capacity - pend) * per - level, per)
+local room = idiv((capacity - pend - held) * per - level, per)
 if need > capacity then
   retry_after = -1
 elseif tokens >= need then

@@ -17,8 +17,14 @@
 -- ARGV[10] adopted_ms optional, after now_ms (then given, or empty for TIME): when the caller adopted these
 --                     parameters, ms since the Unix epoch (absent: 0); lib/bucket.lua's load_bucket decides a call
 --                     adopted before the hash's `adopted` with the hash's parameters
+-- ARGV[11] holder     optional, after adopted_ms (then given, 0 when not said): a hold for an outage (the reserve of
+--                     fail_mode "local", src/algorithm/hold.rs): who holds, a name unique per process; then
+-- ARGV[12] seq        the holder's call number, growing: a call numbered at most its record's changes nothing
+-- ARGV[13] held       tokens the holder still holds of what it was last told
+-- ARGV[14] want       tokens it wants to hold
+-- ARGV[15] hold_ms    how long from now the hold lasts
 --
--- Reply: { granted, remaining, retry_after_ms, reset_after_ms, stamp }
+-- Reply: { granted, remaining, retry_after_ms, reset_after_ms, stamp, held }
 --   granted         tokens granted: 0, or between min and max
 --   remaining       whole tokens left after this call
 --   retry_after_ms  0 when at least `min` tokens are left; else ms until the caller's turn (at least until `min` tokens
@@ -27,6 +33,7 @@
 --   stamp            a grant's stamp in the bucket's notes of room (note_room), 0 on a refusal: the give-back of its
 --                   unspent tokens sends it (token_return.lua's `since`), so they add no more than the room the
 --                   bucket had since
+--   held            tokens the holder holds after this call (0 without a hold, or for a call applied already)
 --
 -- It takes as token_bucket.lua does (the same bucket, refill, reloads and expiry). A call that leaves fewer than
 -- `min` tokens behind (the same call again would be refused) is handed the bucket's next turn:
@@ -62,7 +69,7 @@ local now_arg = 9
 local now = now_of(now_arg)
 local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
-local level, ts, same, pend, _, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+local level, ts, same, pend, _, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
 capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
 local full = capacity * per
 if level == nil then level = full end
@@ -74,7 +81,7 @@ local function whole(l) if l < 0 then return 0 end return idiv(l, per) end -- re
 
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)
-local room = idiv((capacity - pend) * per - level, per)
+local room = idiv((capacity - pend - held) * per - level, per)
 if min > capacity then
   retry_after = -1
 elseif tokens >= min then
@@ -113,8 +120,51 @@ if chunk > 0 and chunk_ms > 0 and granted > chunk then
   pace = { pend + granted, pend_end }
 end
 
-if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted, pace) end
+-- Last, the caller's hold for an outage (src/algorithm/hold.rs): the lower of its record and what it says it still
+-- holds, what is beyond `want` back to the level or topped up to `want` from it, until now + hold_ms. A call
+-- numbered at most its record's (applied already) changes nothing and is told it holds nothing.
+local hold, held_now = false, 0
+local holder = ARGV[now_arg + 2]
+if holder and holder ~= '' then
+  local seq, says, want, hold_ms = tonumber(ARGV[now_arg + 3]), tonumber(ARGV[now_arg + 4]),
+    tonumber(ARGV[now_arg + 5]), tonumber(ARGV[now_arg + 6])
+  if not (seq and says and want and hold_ms) or seq < 0 or says < 0 or want < 0 or hold_ms < 0 then
+    return redis.error_reply('ERR token_lease: bad hold arguments (holder, seq, held, want, hold_ms)')
+  end
+  local field, rec_tokens, rec_seq = 'h:' .. holder, nil, nil
+  local gone = false
+  for _, e in ipairs(HOLDS.ended) do if e[2] == field then gone = true end end
+  local raw = (not gone) and redis.call('HGET', KEYS[1], field)
+  if raw then
+    local t, _, q = string.match(raw, '^(%d+):(%d+):(%d+)$')
+    rec_tokens, rec_seq = tonumber(t), tonumber(q)
+  end
+  if not (rec_seq and seq <= rec_seq) then
+    local unspent = rec_tokens or 0
+    if says < unspent then unspent = says end
+    local kept = unspent
+    if want < kept then kept = want end
+    local taken = want - kept
+    if taken > whole(level) then taken = whole(level) end
+    held_now = kept + taken
+    if rec_tokens or held_now > 0 then
+      hold = true
+      level = level - taken * per + (unspent - kept) * per
+      HOLDS.held = HOLDS.held - (rec_tokens or 0) + held_now
+      local ends = now + hold_ms
+      HOLDS.record = { field, held_now, ends, seq }
+      if HOLDS.held == 0 then
+        HOLDS.next, HOLDS.last = 0, 0
+      elseif held_now > 0 then
+        if HOLDS.next == 0 or ends < HOLDS.next then HOLDS.next = ends end
+        if ends > HOLDS.last then HOLDS.last = ends end
+      end
+    end
+  end
+end
+
+if granted > 0 or not same or hold then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted, pace) end
 if turn and level < full then redis.call('HSET', KEYS[1], 'turn', int(turn)) end
 local stamp = 0
 if granted > 0 then stamp = note_room(KEYS[1], room, true, now) end
-return { granted, whole(level), retry_after, reset_after_of(level), stamp }
+return { granted, whole(level), retry_after, reset_after_of(level), stamp, held_now }

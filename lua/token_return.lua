@@ -45,7 +45,7 @@ local now = now_of(now_arg)
 local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
 local mark = KEYS[2]
-local level, ts, _, pend, noted, force = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
+local level, ts, _, pend, noted, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
 capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
 local full = capacity * per
 local added = mark and tonumber(redis.call('GET', mark))
@@ -65,7 +65,7 @@ local function reply(accepted)
 end
 if added then return reply(added) end -- applied already: nothing is written
 
-local room = idiv((capacity - pend) * per - level, per)
+local room = idiv((capacity - pend - held) * per - level, per)
 local before = idiv(level, per)
 if since >= 0 then
   -- At most the room now and the lowest noted after the lease's stamp (note_room); nothing when the notes do not
@@ -81,7 +81,7 @@ if since >= 0 then
 end
 level = level + n * per
 -- Up to the capacity, less what paced leases have yet to release (load_bucket).
-if level > full - pend * per then level = full - pend * per end
+if level > full - (pend + held) * per then level = full - (pend + held) * per end
 local accepted = idiv(level, per) - before
 
 save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted)

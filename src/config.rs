@@ -160,6 +160,8 @@ struct RawLease {
     ttl: Duration,
     #[serde(default)]
     hot_after: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    reserve: Option<Duration>,
 }
 
 fn one() -> u64 {
@@ -430,6 +432,7 @@ fn build_base(r: RawRule) -> Result<Rule, FieldError> {
                         max_batch: l.max_batch,
                         ttl: l.ttl,
                         hot_after: l.hot_after,
+                        reserve: l.reserve,
                     };
                     rule::validate_lease(&lease, capacity)?;
                     Some(lease)

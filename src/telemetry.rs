@@ -21,8 +21,8 @@ pub const LEASES_TOTAL: &str = "tokenlease_leases_total";
 pub const LEASED_TOKENS_TOTAL: &str = "tokenlease_leased_tokens_total";
 /// Leased tokens given back unused, by `rule`.
 pub const RETURNED_TOKENS_TOTAL: &str = "tokenlease_returned_tokens_total";
-/// Tokens leased and not yet spent or returned (paced chunks still to come included): the escrow a process may
-/// spend while the store fails, by `rule`.
+/// Tokens leased and not yet spent or returned (paced chunks still to come and, under `local`, the reserve
+/// included): the escrow a process may spend while the store fails, by `rule`.
 pub const OUTSTANDING_TOKENS: &str = "tokenlease_outstanding_tokens";
 /// Store call latency in seconds, by `script`.
 pub const REDIS_DURATION_SECONDS: &str = "tokenlease_redis_duration_seconds";
@@ -102,7 +102,7 @@ pub fn describe() {
     describe_gauge!(
         OUTSTANDING_TOKENS,
         Unit::Count,
-        "Tokens leased and not yet spent or returned: the most this process can still admit without Redis"
+        "Tokens leased or held in reserve and not yet spent or returned: the most this process can still admit without Redis"
     );
     describe_histogram!(
         REDIS_DURATION_SECONDS,

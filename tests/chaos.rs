@@ -44,6 +44,7 @@ fn rule() -> Rule {
         max_batch: 50,
         ttl: TTL,
         hot_after: None,
+        reserve: None,
     };
     Rule::token_bucket("sku_buy", CAPACITY, RATE_PER_S, Duration::from_secs(1))
         .and_then(|r| r.with_lease(lease))

@@ -17,7 +17,7 @@ use tokenlease::{FailMode, Lease, Limiter, Rule, Source};
 const TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Calls `rule` on `key` every `every` until `run` is cleared, recording each admission; counts those decided
-/// alone (`source = fallback`).
+/// alone (`source = fallback`: under `local`, from the reserve the store held for the process).
 fn sell(
     l: &Limiter,
     (rule, key): (&'static str, &'static str),
@@ -108,7 +108,7 @@ async fn decide_from_redis_again(fleet: &[Limiter]) {
 
 /// Eight processes, each told that the fleet has four, sell one leased key through a 5 s freeze of Redis under
 /// `fail_mode = "local"`: each counts the eight (a hot key's fair share of the burst is an eighth), spends what
-/// it leased before the freeze and sells nothing alone, so the fleet stays within the bound in every window
+/// it leased before the freeze and its reserve, nothing else, so the fleet stays within the bound in every window
 /// (1.45-1.51x in a 3 s window when each sold the setting's quarter alone, before 2026-11-28; within it when each
 /// sold an eighth, the live count, and charged it afterwards).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,6 +122,7 @@ async fn more_processes_than_the_setting_says_keep_to_the_bound_through_a_freeze
         max_batch: 5,
         ttl,
         hot_after: None,
+        reserve: None,
     };
     let rule = Rule::token_bucket("sale", CAPACITY, RATE, Duration::from_secs(1))
         .and_then(|r| r.with_lease(lease))
@@ -159,6 +160,7 @@ async fn a_process_behind_a_slow_link_sells_only_what_it_was_granted() {
                 max_batch: 20,
                 ttl,
                 hot_after: None,
+                reserve: None,
             })
         })
         .expect("rule")
@@ -177,7 +179,7 @@ async fn a_process_behind_a_slow_link_sells_only_what_it_was_granted() {
     for t in tasks {
         t.await.expect("seller");
     }
-    // Its calls reached Redis (a lease times out before its round trip ends), and nothing was sold alone.
+    // Its calls reached Redis (a lease times out before its round trip ends), and nothing but reserves sold alone.
     let slow = fleet[3].stats();
     assert!(slow.store_calls > 0, "the slow process never reached Redis: {slow:?}");
     for l in &fleet {
@@ -191,7 +193,7 @@ async fn a_process_behind_a_slow_link_sells_only_what_it_was_granted() {
 /// Eight slow processes (20 decisions a second each, 4 tokens in the 200 ms TTL) share a leased key saturated 1.6
 /// times over, so they lease paced turns (20 tokens released 2 every 100 ms; the bucket keeps `pend`), then Redis
 /// freezes for 3 s under `fail_mode = "local"`: the processes keep releasing the chunks the bucket granted them
-/// (its pending line counts them as taken) and sell nothing else alone; the fleet stays within the bound in every
+/// (its pending line counts them as taken) and their reserves, nothing else; the fleet stays within the bound in every
 /// window through the freeze and after it, and decides from Redis again by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_processes_keep_to_the_bound_through_a_freeze() {
@@ -206,6 +208,7 @@ async fn paced_processes_keep_to_the_bound_through_a_freeze() {
                 max_batch: 50,
                 ttl,
                 hot_after: None,
+                reserve: None,
             })
         })
         .expect("rule")
@@ -246,6 +249,7 @@ fn escrow_rule() -> Rule {
                 max_batch: 50,
                 ttl: SALE_TTL,
                 hot_after: None,
+                reserve: None,
             })
         })
         .expect("rule")
@@ -253,7 +257,8 @@ fn escrow_rule() -> Rule {
 }
 
 /// Asserts `capacity + rate × (W + slack)` tokens (`rate` a second) in every window W from 0.2 s to the whole run,
-/// and that nothing was sold alone. The slack is the lease TTL, and the call's timeout where direct calls' answers
+/// and that nothing was sold alone but what the store held for the processes (`local`'s reserves, at most half
+/// the burst: one fault here). The slack is the lease TTL, and the call's timeout where direct calls' answers
 /// are recorded (an answer arrives within it of Redis's grant, so grants recorded W apart were at least
 /// W − timeout apart).
 fn assert_escrow_kept(timeline: &Timeline, alone: &AtomicU64, (capacity, rate, slack): (u64, u64, Duration)) {
@@ -266,7 +271,8 @@ fn assert_escrow_kept(timeline: &Timeline, alone: &AtomicU64, (capacity, rate, s
         alone.load(Ordering::Relaxed)
     );
     assert!(worst.ratio <= 1.0, "over the bound in a window: {worst:?}");
-    assert_eq!(alone.load(Ordering::Relaxed), 0, "sold on credit");
+    let alone = alone.load(Ordering::Relaxed);
+    assert!(alone <= capacity / 2, "sold {alone} alone, more than the reserves hold");
 }
 
 /// Four processes sell a leased key; four more start 0.3 s before Redis freezes for 10 s (SIGSTOP) and sell too.

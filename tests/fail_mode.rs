@@ -22,6 +22,7 @@ fn rules() -> [Rule; 5] {
             max_batch: 10,
             ttl: Duration::from_secs(60),
             hot_after: Some(1),
+            reserve: None,
         };
         Rule::token_bucket(name, 100, 1, Duration::from_secs(3600))
             .and_then(|r| r.with_lease(lease))

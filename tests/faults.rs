@@ -139,6 +139,7 @@ async fn a_slow_lease_is_not_a_failed_store() {
         max_batch: 10,
         ttl: Duration::from_secs(60),
         hot_after: Some(1),
+        reserve: None,
     };
     let rules = [
         Rule::token_bucket("leased", 100, 1, Duration::from_secs(3600))

@@ -22,6 +22,7 @@ fn leased(name: &str) -> Rule {
         max_batch: 5,
         ttl: Duration::from_millis(200),
         hot_after: Some(1),
+        reserve: None,
     };
     Rule::token_bucket(name, CAPACITY, RATE, Duration::from_secs(1))
         .and_then(|r| r.with_lease(lease))

@@ -19,6 +19,7 @@ fn rule(capacity: u64, rate: u64) -> Rule {
                 max_batch: 100,
                 ttl: Duration::from_millis(200),
                 hot_after: None,
+                reserve: None,
             })
         })
         .expect("rule")
@@ -139,6 +140,7 @@ async fn a_dropped_limiters_bucket_never_answers_for_a_new_one() {
         max_batch: 3,
         ttl: Duration::from_secs(10),
         hot_after: Some(1),
+        reserve: None,
     };
     let rule = || {
         Rule::token_bucket("r", 3, 1, Duration::from_secs(1))
@@ -204,6 +206,7 @@ async fn a_full_bucket_sells_what_it_holds_after_an_idle_gap() {
                 max_batch: 5,
                 ttl: Duration::from_secs(1),
                 hot_after: Some(1),
+                reserve: None,
             })
         })
         .expect("rule");

@@ -38,6 +38,7 @@ async fn two_limiters_by_eight_tasks_never_admit_more_than_the_bound() {
                     max_batch: 50,
                     ttl,
                     hot_after: Some(1),
+                    reserve: None,
                 })
             })
             .expect("rule")
@@ -90,6 +91,7 @@ async fn unused_tokens_go_back_on_lease_expiry() {
                 max_batch: 20,
                 ttl: Duration::from_millis(100),
                 hot_after: Some(1),
+                reserve: None,
             })
         })
         .expect("rule");
@@ -131,6 +133,7 @@ async fn shutdown_gives_every_leased_token_back() {
                 max_batch: 60,
                 ttl: Duration::from_secs(60),
                 hot_after: Some(1),
+                reserve: None,
             })
         })
         .expect("rule");
@@ -171,6 +174,7 @@ async fn a_refused_hot_key_is_refused_locally() {
                 max_batch: 10,
                 ttl: Duration::from_secs(60),
                 hot_after: Some(1),
+                reserve: None,
             })
         })
         .expect("rule");
@@ -208,6 +212,7 @@ async fn a_hot_key_costs_redis_a_call_per_batch() {
                 max_batch: 1000,
                 ttl: Duration::from_secs(5),
                 hot_after: Some(1),
+                reserve: None,
             })
         })
         .expect("rule");
@@ -232,6 +237,7 @@ async fn the_local_cache_is_bounded_and_evicted_tokens_go_back() {
                 max_batch: 10,
                 ttl: Duration::from_secs(60),
                 hot_after: Some(1),
+                reserve: None,
             })
         })
         .expect("rule");

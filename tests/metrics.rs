@@ -54,6 +54,7 @@ async fn decisions_leases_and_redis_latency_are_recorded() {
                     max_batch: 5,
                     ttl: Duration::from_secs(60),
                     hot_after: Some(1),
+                    reserve: None,
                 })
             })
             .expect("rule");
@@ -238,6 +239,7 @@ fn a_rule_registers_only_the_series_it_can_produce() {
             max_batch: 10,
             ttl: Duration::from_secs(1),
             hot_after: Some(1),
+            reserve: None,
         };
         let leased = Rule::token_bucket("leased", 100, 10, Duration::from_secs(1))
             .and_then(|r| r.with_lease(lease))

@@ -18,6 +18,7 @@ async fn a_peek_takes_nothing_and_a_reset_starts_a_leased_key_afresh() {
                 max_batch: 20,
                 ttl: Duration::from_secs(30),
                 hot_after: Some(1),
+                reserve: None,
             })
         })
         .expect("rule");

@@ -18,6 +18,7 @@ fn rules() -> Vec<Rule> {
         max_batch: 4,
         ttl: Duration::from_millis(200),
         hot_after: Some(1000),
+        reserve: None,
     };
     vec![
         Rule::token_bucket("bucket", 5, 1, Duration::from_secs(10)).expect("rule"),

@@ -75,6 +75,7 @@ fn tokens_given_back_are_capped_by_the_room_since_their_own_lease() {
         max_batch: 6,
         ttl: Duration::from_millis(145),
         hot_after: Some(2),
+        reserve: None,
     };
     let steps = [(349, 9), (667, 22), (145, 1), (0, 19)];
     assert_eq!(first_undersell((42, 12), lease, &steps), None);
@@ -91,7 +92,7 @@ proptest! {
     ) {
         let min_batch = min_batch.min(capacity);
         let max_batch = (min_batch + extra).min(capacity.max(min_batch));
-        let lease = Lease { min_batch, max_batch, ttl: Duration::from_millis(ttl_ms), hot_after: Some(hot_after) };
+        let lease = Lease { min_batch, max_batch, ttl: Duration::from_millis(ttl_ms), hot_after: Some(hot_after), reserve: None };
         let failure = first_undersell((capacity, rate), lease, &steps);
         prop_assert!(failure.is_none(), "{}", failure.unwrap_or_default());
     }

@@ -30,14 +30,26 @@ end
 -- force (a call that changes nothing then writes nothing; a call adopted later than the hash says with the same
 -- parameters writes its `adopted` alone). The fourth is `pend`: tokens that paced leases were granted and have not
 -- released yet (token_lease.lua), an upper bound kept as `pend` tokens at `pend_ts` falling linearly to 0 at
--- `pend_end` (ms). The level refills to at most capacity − pend: the level and the tokens still to be released
--- never hold more than the capacity together. The fifth says whether the bucket keeps notes of room (note_room: a
--- lease since it was last full or reloaded). The sixth is { capacity, rate, per, adopted } in force.
+-- `pend_end` (ms). The fifth says whether the bucket keeps notes of room (note_room: a lease since it was last full
+-- or reloaded). The sixth is { capacity, rate, per, adopted } in force. The seventh is `held`: the tokens processes
+-- hold for an outage (`h:{holder}` = "tokens:until_ms:seq", their sum `held`; src/algorithm/hold.rs). The level
+-- refills to at most capacity − pend − held: the level, the tokens still to be released and those held never make
+-- more than the capacity together. Holds that ended by now leave (once now reaches `held_next`, the earliest end,
+-- the records are read): the level is refilled up to each end, earliest first, under the top it had then, before
+-- the refill to now; HOLDS keeps what save_bucket writes of them.
+local HOLDS = nil
+local function pend_at(s, t) -- the pending line of load_bucket's HMGET `s` at t (ms)
+  local pend, from, pend_end = tonumber(s[6]) or 0, tonumber(s[7]) or t, tonumber(s[8]) or 0
+  if pend <= 0 or t >= pend_end then return 0 end
+  if t > from then return cdiv(pend * (pend_end - t), pend_end - from) end
+  return pend
+end
 local function load_bucket(key, capacity, rate, per, adopted, now)
   local s = redis.call('HMGET', key, 'level', 'ts', 'per', 'capacity', 'rate', 'pend', 'pend_ts', 'pend_end',
-    'rooms_from', 'adopted')
+    'rooms_from', 'adopted', 'held', 'held_next', 'held_last')
   local level, ts = tonumber(s[1]), tonumber(s[2])
-  if level == nil or ts == nil then return nil, now, true, 0, false, { capacity, rate, per, adopted } end
+  HOLDS = { held = 0, next = 0, last = 0, ended = {} }
+  if level == nil or ts == nil then return nil, now, true, 0, false, { capacity, rate, per, adopted }, 0 end
   local was_per, was_capacity = tonumber(s[3]) or per, tonumber(s[4]) or capacity
   local was_rate, was_adopted = tonumber(s[5]) or rate, tonumber(s[10]) or 0
   if was_per < 1 then was_per = per end
@@ -46,6 +58,36 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
   end
   local same = was_per == per and was_capacity == capacity and was_rate == rate
   if same and adopted > was_adopted then redis.call('HSET', key, 'adopted', int(adopted)) end
+  local held = tonumber(s[11]) or 0
+  HOLDS = { held = held, next = tonumber(s[12]) or 0, last = tonumber(s[13]) or 0, ended = {} }
+  if held > 0 and now >= HOLDS.next then
+    local all, ended = redis.call('HGETALL', key), {}
+    HOLDS.next, HOLDS.last = 0, 0
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, 2) == 'h:' then
+        local t, u = string.match(all[i + 1], '^(%d+):(%d+):')
+        t, u = tonumber(t), tonumber(u)
+        if u <= now then
+          ended[#ended + 1] = { u, all[i], t }
+        else
+          if HOLDS.next == 0 or u < HOLDS.next then HOLDS.next = u end
+          if u > HOLDS.last then HOLDS.last = u end
+        end
+      end
+    end
+    table.sort(ended, function(a, b) if a[1] ~= b[1] then return a[1] < b[1] end return a[2] < b[2] end)
+    for _, e in ipairs(ended) do
+      if e[1] > ts then
+        local top = (was_capacity - pend_at(s, e[1]) - held) * was_per
+        if level > was_capacity * was_per then level = was_capacity * was_per end
+        level = level + (e[1] - ts) * was_rate
+        if level > top then level = top end
+        ts = e[1]
+      end
+      held = held - e[3]
+    end
+    HOLDS.held, HOLDS.ended = held, ended
+  end
   local elapsed = 0
   if now > ts then
     elapsed = now - ts
@@ -67,19 +109,32 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
   if not same then redis.call('HDEL', key, 'rooms_from', 'stamps', 'rooms') end
   local noted = same and tonumber(s[9]) ~= nil
   local params = { capacity, rate, per, adopted }
-  local pend, pend_end = tonumber(s[6]) or 0, tonumber(s[8]) or 0
-  if pend <= 0 or now >= pend_end then return level, ts, same, 0, noted, params end
-  local from = tonumber(s[7]) or now
-  if now > from then pend = cdiv(pend * (pend_end - now), pend_end - from) end
-  if level > (capacity - pend) * per then level = (capacity - pend) * per end
-  return level, ts, same, pend, noted, params
+  local pend = pend_at(s, now)
+  if level > (capacity - pend - held) * per then level = (capacity - pend - held) * per end
+  return level, ts, same, pend, noted, params, held
 end
--- Stores the bucket with the parameters it is computed with and when they were adopted (0: not said), and with `pace` = { pend, pend_end } the tokens a
--- paced lease left to release (token_lease.lua; pend_ts = ts). A full bucket is deleted (it equals a missing key)
--- unless paced; any other expires when it would be full again and no pace is left, never at rate 0 (expiring
--- would refill a stock).
+-- Stores the bucket with the parameters it is computed with and when they were adopted (0: not said), and with
+-- `pace` = { pend, pend_end } the tokens a paced lease left to release (token_lease.lua; pend_ts = ts), and its
+-- holds (HOLDS). A full bucket is deleted (it equals a missing key) unless paced; any other expires when it would
+-- be full again, no pace is left and its holds have ended and refilled, never at rate 0 (expiring would refill a
+-- stock).
 local function save_bucket(key, level, ts, capacity, rate, per, adopted, pace)
   local full = capacity * per
+  -- The holds as load_bucket and a lease's hold step (token_lease.lua) left them.
+  if HOLDS then
+    for _, e in ipairs(HOLDS.ended) do redis.call('HDEL', key, e[2]) end
+    local r = HOLDS.record
+    if r and r[2] > 0 then
+      redis.call('HSET', key, r[1], int(r[2]) .. ':' .. int(r[3]) .. ':' .. int(r[4]))
+    elseif r then
+      redis.call('HDEL', key, r[1])
+    end
+    if HOLDS.held > 0 then
+      redis.call('HSET', key, 'held', int(HOLDS.held), 'held_next', int(HOLDS.next), 'held_last', int(HOLDS.last))
+    else
+      redis.call('HDEL', key, 'held', 'held_next', 'held_last')
+    end
+  end
   -- A paced bucket keeps its hash, full or not, until its leases have released everything.
   local pend_end = redis.call('HGET', key, 'pend_end')
   local paced = (tonumber(pend_end or '0') or 0) - ts
@@ -106,6 +161,10 @@ local function save_bucket(key, level, ts, capacity, rate, per, adopted, pace)
   end
   local ttl = cdiv(full - level, rate)
   if paced > ttl then ttl = paced end
+  -- Held tokens leave at their hold's end, then refill.
+  if HOLDS and HOLDS.held > 0 and HOLDS.last > ts and HOLDS.last - ts + cdiv(full - level, rate) > ttl then
+    ttl = HOLDS.last - ts + cdiv(full - level, rate)
+  end
   redis.call('PEXPIRE', key, int(ttl))
 end
 

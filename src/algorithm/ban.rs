@@ -37,6 +37,7 @@ impl Ban {
             retry_after_ms,
             reset_after_ms: ms(reset_after_ms),
             stamp: 0,
+            held: 0,
         }
     }
 
@@ -58,5 +59,6 @@ pub(crate) fn banned(left: u64, remaining: u64, reset_after_ms: u64) -> Reply {
         retry_after_ms: ms(left),
         reset_after_ms: ms(reset_after_ms.max(left)),
         stamp: 0,
+        held: 0,
     }
 }

@@ -55,6 +55,7 @@ impl Count {
             retry_after_ms: 0,
             reset_after_ms: 0,
             stamp: 0,
+            held: 0,
         }
     }
 }

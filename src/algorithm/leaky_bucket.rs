@@ -61,6 +61,7 @@ impl LeakyBucket {
                 retry_after_ms: ceil_div_i(wait - limit, rate),
                 reset_after_ms: ceil_div_i(wait, rate),
                 stamp: 0,
+                held: 0,
             };
         }
         if cost == 0 {
@@ -71,6 +72,7 @@ impl LeakyBucket {
                 retry_after_ms: 0,
                 reset_after_ms: ceil_div_i(wait, rate),
                 stamp: 0,
+                held: 0,
             };
         }
         let tat = wait + step;
@@ -91,6 +93,7 @@ impl LeakyBucket {
             retry_after_ms: ceil_div_i(wait, rate),
             reset_after_ms: ceil_div_i(tat, rate),
             stamp: 0,
+            held: 0,
         }
     }
 
@@ -105,6 +108,7 @@ impl LeakyBucket {
                 retry_after_ms: 0,
                 reset_after_ms: ms(reset),
                 stamp: 0,
+                held: 0,
             };
         };
         let rate = i128::from(self.rate);
@@ -118,6 +122,7 @@ impl LeakyBucket {
                 retry_after_ms: 0,
                 reset_after_ms: 0,
                 stamp: 0,
+                held: 0,
             };
         }
         t.ms = now_ms + u64::try_from(tat.div_euclid(rate)).unwrap_or(u64::MAX);
@@ -129,6 +134,7 @@ impl LeakyBucket {
             retry_after_ms: 0,
             reset_after_ms: ceil_div_i(tat, rate),
             stamp: 0,
+            held: 0,
         }
     }
 }

@@ -18,13 +18,17 @@ pub struct Reply {
     /// A lease's grant: its stamp in the bucket's notes of room (`token_lease.lua`'s fifth integer), which its
     /// give-back sends back ([`crate::algorithm::room::Rooms`]); 0 otherwise.
     pub stamp: u64,
+    /// A lease that asked to hold tokens ([`crate::algorithm::hold`]): the tokens its holder holds after it
+    /// (`token_lease.lua`'s sixth integer); 0 otherwise.
+    pub held: u64,
 }
 
 /// The `-1` of the protocol: "never" in `retry_after_ms` and `reset_after_ms`.
 pub const NEVER: i64 = -1;
 
 impl Reply {
-    /// Builds a reply from the four integers a Lua script returns, and a lease's stamp (0 when absent).
+    /// Builds a reply from the four integers a Lua script returns, and a lease's stamp (0 when absent); a
+    /// lease's hold is set apart ([`Reply::held`]).
     pub fn from_wire(values: [i64; 4], stamp: i64) -> Self {
         let [granted, remaining, retry_after_ms, reset_after_ms] = values;
         Self {
@@ -33,6 +37,7 @@ impl Reply {
             retry_after_ms,
             reset_after_ms,
             stamp: u64::try_from(stamp).unwrap_or(0),
+            held: 0,
         }
     }
 }

@@ -222,7 +222,7 @@ mod tests {
                     net.push((now, reply.granted));
                     continue;
                 }
-                let (s, _, reply) = b.lease((state, 0), (1, n, 0), Pace::default(), now);
+                let (s, _, reply) = b.lease((state, 0), (1, n, 0), (Pace::default(), None), now);
                 state = s;
                 if reply.granted > 0 {
                     let back = reply.granted * back_pct / 100;

@@ -6,6 +6,7 @@
 //! nothing drifts, unlike a float refill. Seed 002's "refill task that pushes tokens on a schedule" is replaced
 //! by computing the refill from the last timestamp when the bucket is next touched.
 
+use super::hold::{HoldAsk, Holds};
 use super::paced::{Pace, Pending};
 use super::room::Rooms;
 use super::{ceil_div, ms, Ban, Reply, MAX_EXACT, NEVER};
@@ -22,7 +23,7 @@ pub struct TokenBucket {
 }
 
 /// The stored state of one bucket: what the Redis hash holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TokenBucketState {
     /// Tokens × `bucket.per_ms` (so that refill is exact). Negative while the bucket is in debt (see
     /// [`TokenBucket::acquire`]).
@@ -42,6 +43,9 @@ pub struct TokenBucketState {
     /// epoch; 0: none said): a call adopted earlier reads the bucket in `bucket` rather than its own
     /// ([`TokenBucketState::in_force`], invariant 11).
     pub adopted_ms: u64,
+    /// What processes hold in escrow for an outage (the hash's `held` and `h:{holder}` fields,
+    /// [`super::hold`]): the level refills to at most the capacity less these and the pending tokens.
+    pub holds: Holds,
 }
 
 impl TokenBucketState {
@@ -56,12 +60,17 @@ impl TokenBucketState {
         }
     }
 
-    /// Milliseconds at which this bucket is full again at the parameters it records and its paced leases have
-    /// released everything (when the Redis key expires: a script stores it with `PEXPIRE` of that rest); `None`
-    /// at rate 0, which never refills.
+    /// Milliseconds at which this bucket is full again at the parameters it records, its paced leases have
+    /// released everything and its holds have ended and been refilled (when the Redis key expires: a script
+    /// stores it with `PEXPIRE` of that rest); `None` at rate 0, which never refills.
     pub(crate) fn full_at_ms(&self) -> Option<u64> {
         let rest = u64::try_from(self.bucket.reset_after(self.level)).ok()?;
-        Some(self.ts_ms.saturating_add(rest).max(self.paced.until_ms))
+        let held = if self.holds.last_ms > self.ts_ms {
+            self.holds.last_ms.saturating_add(rest)
+        } else {
+            0
+        };
+        Some(self.ts_ms.saturating_add(rest).max(self.paced.until_ms).max(held))
     }
 }
 
@@ -135,11 +144,29 @@ impl TokenBucket {
                 paced: Pending::default(),
                 rooms: Rooms::default(),
                 adopted_ms: 0,
+                holds: Holds::default(),
             };
         };
+        let mut s = s;
         let mut was = s.bucket;
         if was.per_ms == 0 {
             was.per_ms = self.per_ms;
+        }
+        // Holds that ended since: the level refills up to each end under the top it had then, at the parameters
+        // it was computed with (module docs of `hold`).
+        let ended = s.holds.take_ended(now_ms);
+        let mut held = s.holds.tokens() + ended.iter().map(|(_, t)| t).sum::<u64>();
+        for (until_ms, tokens) in ended {
+            if until_ms > s.ts_ms {
+                let top = was
+                    .full()
+                    .saturating_sub(was.units(s.paced.at(until_ms).saturating_add(held)));
+                let added = i128::from(until_ms - s.ts_ms) * i128::from(was.rate);
+                let level = (i128::from(s.level.min(was.full())) + added).min(i128::from(top));
+                s.level = i64::try_from(level).unwrap_or(top);
+                s.ts_ms = until_ms;
+            }
+            held -= tokens;
         }
         let elapsed = now_ms.saturating_sub(s.ts_ms);
         let ts_ms = s.ts_ms.max(now_ms);
@@ -158,7 +185,7 @@ impl TokenBucket {
         } else {
             rescale(refilled(s.level, &was).min(was.full()), was.per_ms, self.per_ms)
         };
-        let level = level.min(self.top(&s.paced, now_ms));
+        let level = level.min(self.top(&s, now_ms));
         TokenBucketState {
             level,
             ts_ms,
@@ -167,17 +194,19 @@ impl TokenBucket {
             // Rooms noted under other parameters mean nothing under these: a reload starts the notes again.
             rooms: if was == *self { s.rooms } else { Rooms::default() },
             adopted_ms: s.adopted_ms,
+            holds: s.holds,
         }
     }
 
     /// Whole tokens the level of `s` (refilled) could take up to the top at `now_ms`.
     fn room(&self, s: &TokenBucketState, now_ms: u64) -> u64 {
-        u64::try_from(self.tokens(self.top(&s.paced, now_ms).saturating_sub(s.level))).unwrap_or(0)
+        u64::try_from(self.tokens(self.top(s, now_ms).saturating_sub(s.level))).unwrap_or(0)
     }
 
-    /// The highest level at `now_ms`: full, less what paced leases have yet to release.
-    fn top(&self, paced: &Pending, now_ms: u64) -> i64 {
-        self.full().saturating_sub(self.units(paced.at(now_ms)))
+    /// The highest level of `s` at `now_ms`: full, less what paced leases have yet to release and what is held.
+    fn top(&self, s: &TokenBucketState, now_ms: u64) -> i64 {
+        let out = s.paced.at(now_ms).saturating_add(s.holds.tokens());
+        self.full().saturating_sub(self.units(out))
     }
 
     /// What a call that changes nothing (a refusal) leaves stored: the state as it was when it was computed
@@ -228,7 +257,7 @@ impl TokenBucket {
         lease: bool,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, Reply, u64) {
-        let mut s = self.refill(state, now_ms);
+        let mut s = self.refill(state.clone(), now_ms);
         let room = self.room(&s, now_ms);
         let tokens = self.tokens(s.level);
         let (peek, need) = (max == 0, min.max(1));
@@ -256,6 +285,7 @@ impl TokenBucket {
             retry_after_ms,
             reset_after_ms: self.reset_after(s.level),
             stamp: if lease { stamp } else { 0 },
+            held: 0,
         };
         let new = if granted > 0 {
             self.stored(s)
@@ -278,11 +308,15 @@ impl TokenBucket {
     /// left) when a lease finds the bucket within a batch of its top (its refill is being lost) or a probe is
     /// granted tokens: the line then restarts from now (`turn_ms` 0). A store drops the turn with a bucket that
     /// another call filled (Redis deletes the hash that holds it).
+    ///
+    /// Last, a lease with a `hold` asks to hold tokens for an outage ([`super::hold`]): after the grant and the
+    /// turn, the holder's record is kept, topped up from the level and renewed; the reply's `held` is what it
+    /// holds then, and `remaining` what the level has left.
     pub(crate) fn lease(
         &self,
         (state, turn_ms): (Option<TokenBucketState>, u64),
         (min, max, batch): (u64, u64, u64),
-        pace: Pace,
+        (pace, hold): (Pace, Option<&HoldAsk>),
         now_ms: u64,
     ) -> (Option<TokenBucketState>, u64, Reply) {
         let (mut new, mut reply, room) = self.take_noted(state, (min, max), true, now_ms);
@@ -299,6 +333,18 @@ impl TokenBucket {
         if self.rate > 0 && batch > 0 && reply.retry_after_ms != NEVER && reply.remaining < min {
             turn = turn.max(now_ms).saturating_add(self.turn_spacing(batch));
             reply.retry_after_ms = reply.retry_after_ms.max(ms(turn - now_ms));
+        }
+        if let Some(ask) = hold {
+            // The bucket as this call left it (refilling again at the same instant changes nothing).
+            let mut s = self.refill(new.clone(), now_ms);
+            let available = u64::try_from(self.tokens(s.level)).unwrap_or(0);
+            if let Some((held, taken, back)) = s.holds.apply(ask, available, now_ms) {
+                s.level = s.level - self.units(taken) + self.units(back);
+                reply.held = held;
+                reply.remaining = u64::try_from(self.tokens(s.level)).unwrap_or(0);
+                reply.reset_after_ms = self.reset_after(s.level);
+                new = self.stored(s);
+            }
         }
         (new, turn, reply)
     }
@@ -324,20 +370,23 @@ impl TokenBucket {
         max_wait_ms: u64,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, Reply) {
-        let mut s = self.refill(state, now_ms);
+        let mut s = self.refill(state.clone(), now_ms);
         let refuse = |retry_after_ms: i64, level: i64| Reply {
             granted: 0,
             remaining: u64::try_from(self.tokens(level)).unwrap_or(0),
             retry_after_ms,
             reset_after_ms: self.reset_after(level),
             stamp: 0,
+            held: 0,
         };
         if cost > self.capacity || (self.rate == 0 && s.level < self.units(cost)) {
-            return (self.unchanged(state, s), refuse(NEVER, s.level));
+            let level = s.level;
+            return (self.unchanged(state, s), refuse(NEVER, level));
         }
         let wait = if s.level >= 0 { 0 } else { ceil_ms(-s.level, self.rate) };
         if wait > ms(max_wait_ms) {
-            return (self.unchanged(state, s), refuse(wait - ms(max_wait_ms), s.level));
+            let level = s.level;
+            return (self.unchanged(state, s), refuse(wait - ms(max_wait_ms), level));
         }
         s.rooms.note(self.room(&s, now_ms), false, now_ms);
         s.level -= self.units(cost);
@@ -347,6 +396,7 @@ impl TokenBucket {
             retry_after_ms: wait,
             reset_after_ms: self.reset_after(s.level),
             stamp: 0,
+            held: 0,
         };
         (self.stored(s), reply)
     }
@@ -365,13 +415,14 @@ impl TokenBucket {
         // "Never full" (rate 0) stays never; otherwise the key is whole again when both the bucket and the ban are.
         let at_least = |reset: i64, ms: i64| if reset == NEVER { NEVER } else { reset.max(ms) };
         if let Some(left) = ban.left(now_ms) {
-            let s = self.refill(state, now_ms);
+            let s = self.refill(state.clone(), now_ms);
             let reply = Reply {
                 granted: 0,
                 remaining: u64::try_from(self.tokens(s.level)).unwrap_or(0),
                 retry_after_ms: ms(left),
                 reset_after_ms: at_least(self.reset_after(s.level), ms(left)),
                 stamp: 0,
+                held: 0,
             };
             return (self.unchanged(state, s), reply);
         }
@@ -405,6 +456,7 @@ impl TokenBucket {
                     retry_after_ms: 0,
                     reset_after_ms: 0,
                     stamp: 0,
+                    held: 0,
                 },
             );
         };
@@ -420,10 +472,7 @@ impl TokenBucket {
             }
         };
         s.rooms.note(room, false, now_ms);
-        s.level = s
-            .level
-            .saturating_add(self.units(tokens))
-            .min(self.top(&s.paced, now_ms));
+        s.level = s.level.saturating_add(self.units(tokens)).min(self.top(&s, now_ms));
         let after = self.tokens(s.level);
         let reply = Reply {
             granted: u64::try_from(after - before).unwrap_or(0),
@@ -431,18 +480,19 @@ impl TokenBucket {
             retry_after_ms: 0,
             reset_after_ms: self.reset_after(s.level),
             stamp: 0,
+            held: 0,
         };
         (self.stored(s), reply)
     }
 
     /// A full bucket equals a missing key: store nothing (a paced one is kept until its leases have released
-    /// everything).
+    /// everything, one with holds until they end).
     fn stored(&self, mut s: TokenBucketState) -> Option<TokenBucketState> {
         if s.paced.until_ms <= s.ts_ms {
             // Ended: the script deletes the pending fields.
             s.paced = Pending::default();
         }
-        (s.level < self.full() || s.paced.until_ms > s.ts_ms).then_some(s)
+        (s.level < self.full() || s.paced.until_ms > s.ts_ms || !s.holds.records.is_empty()).then_some(s)
     }
 }
 

@@ -19,7 +19,7 @@ fn tokens_given_back_after_their_ttl_never_let_the_fleet_hold_more_than_the_boun
         per_ms: 1_000,
     };
     let ttl_ms = 1_000;
-    let lease = |s, n, now| b.lease((s, 0), (1, n, 0), Pace::default(), now);
+    let lease = |s, n, now| b.lease((s, 0), (1, n, 0), (Pace::default(), None), now);
     let (s, _, a) = lease(None, 100, 0); // A: the whole burst, spends none
     let (s, _, first) = lease(s, 100, 999); // B: the refill, 49
     let (s, _) = b.give_back(s, a.granted, Some(a.stamp), 1_000); // A's tokens, expired, go back
@@ -39,7 +39,7 @@ fn tokens_due_at_a_millisecond_are_there_at_it() {
     let b = NINE_PER_MINUTE;
     let (s, r) = b.take(None, 9, 9, 0);
     assert_eq!((r.granted, r.remaining), (9, 0));
-    let (_, r) = b.take(s, 3, 3, 19_999);
+    let (_, r) = b.take(s.clone(), 3, 3, 19_999);
     assert_eq!((r.granted, r.retry_after_ms), (0, 1));
     let (_, r) = b.take(s, 3, 3, 20_000);
     assert_eq!((r.granted, r.remaining), (3, 0));
@@ -72,12 +72,12 @@ fn a_reload_refills_the_time_before_it_at_the_old_parameters() {
     let (s, _) = old.take(None, 10, 10, 0);
     let (s, r) = new.take(s, 1, 1, 900);
     assert_eq!(
-        (r.granted, s.map(|s| (s.level, s.ts_ms, s.bucket))),
+        (r.granted, s.as_ref().map(|s| (s.level, s.ts_ms, s.bucket))),
         (0, Some((900, 900, new)))
     );
     let (s, r) = new.take(s, 1, 1, 1_000);
-    assert_eq!((r.granted, s.map(|s| s.level)), (1, Some(900)));
-    let (same, r) = new.take(s, 1, 1, 1_000);
+    assert_eq!((r.granted, s.as_ref().map(|s| s.level)), (1, Some(900)));
+    let (same, r) = new.take(s.clone(), 1, 1, 1_000);
     assert_eq!(
         (r.granted, same),
         (0, s),
@@ -95,25 +95,30 @@ fn short_leases_are_handed_turns_a_fraction_of_a_batch_apart() {
     };
     assert_eq!(b.turn_spacing(50), 30);
     // All it asked for, and as much left: no turn.
-    let (s, turn, r) = b.lease((None, 0), (1, 50, 50), Pace::default(), 0);
+    let (s, turn, r) = b.lease((None, 0), (1, 50, 50), (Pace::default(), None), 0);
     assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 50, 0, 0));
     // The next drains the bucket: the first turn, 30 ms from now.
-    let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 0);
+    let (s, turn, r) = b.lease((s, turn), (1, 60, 50), (Pace::default(), None), 0);
     assert_eq!((r.granted, r.remaining, r.retry_after_ms, turn), (50, 0, 30, 30));
     // Two more callers at 10 ms: a grant of what refilled and a refusal, each given the next turn.
-    let (s, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 10);
+    let (s, turn, r) = b.lease((s, turn), (1, 60, 50), (Pace::default(), None), 10);
     assert_eq!((r.granted, r.retry_after_ms, turn), (10, 50, 60));
-    let (s, turn, r) = b.lease((s, turn), (5, 60, 50), Pace::default(), 10);
+    let (s, turn, r) = b.lease((s, turn), (5, 60, 50), (Pace::default(), None), 10);
     assert_eq!((r.granted, r.retry_after_ms, turn), (0, 80, 90));
     // The bucket refilled to its top: a batch taken and one left, no turn, and the line of turns restarts.
-    let (s, turn, r) = b.lease((s, turn), (1, 50, 50), Pace::default(), 500);
+    let (s, turn, r) = b.lease((s, turn), (1, 50, 50), (Pace::default(), None), 500);
     assert_eq!((r.granted, r.retry_after_ms, turn), (50, 0, 0));
     // The next starts from now.
-    let (_, turn, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 500);
+    let (_, turn, r) = b.lease((s, turn), (1, 60, 50), (Pace::default(), None), 500);
     assert_eq!((r.granted, r.retry_after_ms, turn), (50, 30, 530));
     // A stock or a cost above the capacity is never: no turn.
     let stock = TokenBucket { rate: 0, ..b };
-    let (_, turn, r) = stock.lease((Some(stock.refill(None, 0)), 0), (101, 101, 50), Pace::default(), 0);
+    let (_, turn, r) = stock.lease(
+        (Some(stock.refill(None, 0)), 0),
+        (101, 101, 50),
+        (Pace::default(), None),
+        0,
+    );
     assert_eq!((r.retry_after_ms, turn), (NEVER, 0));
 }
 
@@ -126,22 +131,22 @@ fn a_bucket_near_its_top_or_a_granted_probe_restarts_the_line_of_turns() {
         per_ms: 1_000,
     };
     // Drained at 0, then twenty refusals at 1 ms push the line 630 ms ahead.
-    let (mut s, mut turn, _) = b.lease((None, 0), (1, 100, 50), Pace::default(), 0);
+    let (mut s, mut turn, _) = b.lease((None, 0), (1, 100, 50), (Pace::default(), None), 0);
     for _ in 0..20 {
-        (s, turn, _) = b.lease((s, turn), (60, 60, 50), Pace::default(), 1);
+        (s, turn, _) = b.lease((s, turn), (60, 60, 50), (Pace::default(), None), 1);
     }
     assert_eq!(turn, 630);
     // At 40 ms the bucket holds 40 (room 60, over a batch): a lease that drains it queues at the back.
-    let (_, far, r) = b.lease((s, turn), (1, 60, 50), Pace::default(), 40);
+    let (_, far, r) = b.lease((s.clone(), turn), (1, 60, 50), (Pace::default(), None), 40);
     assert_eq!((r.granted, r.retry_after_ms, far), (40, 620, 660));
     // At 95 ms it holds 95 (room 5): its refill is being lost, nobody took the turns handed, and the line
     // starts again from now.
-    let (_, near, r) = b.lease((s, turn), (1, 100, 50), Pace::default(), 95);
+    let (_, near, r) = b.lease((s.clone(), turn), (1, 100, 50), (Pace::default(), None), 95);
     assert_eq!((r.granted, r.retry_after_ms, near), (95, 30, 125));
     // A probe (batch 0) refused at 2 ms keeps the line; granted at 40 ms, it restarts it.
-    let (_, kept, r) = b.lease((s, turn), (5, 5, 0), Pace::default(), 2);
+    let (_, kept, r) = b.lease((s.clone(), turn), (5, 5, 0), (Pace::default(), None), 2);
     assert_eq!((r.granted, kept), (0, 630));
-    let (_, dropped, r) = b.lease((s, turn), (1, 10, 0), Pace::default(), 40);
+    let (_, dropped, r) = b.lease((s, turn), (1, 10, 0), (Pace::default(), None), 40);
     assert_eq!((r.granted, r.retry_after_ms, dropped), (10, 0, 0));
 }
 

@@ -29,6 +29,7 @@ fn peeked(remaining: u64, reset_after_ms: u64) -> Reply {
         retry_after_ms: 0,
         reset_after_ms: ms(reset_after_ms),
         stamp: 0,
+        held: 0,
     }
 }
 
@@ -76,6 +77,7 @@ impl SlidingLog {
                 retry_after_ms: 0,
                 reset_after_ms: ms(self.window_ms),
                 stamp: 0,
+                held: 0,
             };
         }
         // The (count + cost − limit)-th oldest grant must leave the window.
@@ -162,6 +164,7 @@ impl FixedWindow {
                 retry_after_ms: 0,
                 reset_after_ms: ms(ends_in),
                 stamp: 0,
+                held: 0,
             };
         }
         let retry_after = if cost > self.limit { NEVER } else { ms(ends_in) };
@@ -230,6 +233,7 @@ impl SlidingWindow {
                 retry_after_ms: 0,
                 reset_after_ms: ms(until_cur_leaves),
                 stamp: 0,
+                held: 0,
             };
         }
         // Oldest sub-buckets leave first: sub-bucket i at (i + n) × sub.

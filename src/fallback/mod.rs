@@ -1,14 +1,15 @@
 //! What the limiter does while the store fails: the rule's `fail_mode`.
 //!
 //! - `open` allows every call;
-//! - `closed` and `local` refuse every call, with the back-off as `retry_after`.
+//! - `closed` and `local` refuse every call, with the back-off as `retry_after`; under `local` a hot key first
+//!   sells its reserve, tokens the store holds in escrow for it (`lease/reserve.rs`).
 //!
 //! Under every mode a hot key keeps spending what the store granted it before the fault (its *escrow*): its
 //! leased batches, each within its TTL, and the chunks of a paced lease, each from its release on
 //! (`lease/bucket.rs`). Those were taken out of the shared bucket before the fault, so nothing a process decides
 //! alone is ever owed, and the bound holds whatever the outage, however long (invariant 12 of
-//! docs/ARCHITECTURE.md). `local` is the mode that will keep a reserve of such chunks ahead for an outage; until
-//! then it decides as `closed` does.
+//! docs/ARCHITECTURE.md). `local` also keeps a reserve: tokens the store holds for the key, renewed by each
+//! lease, sold paced over the reserve's length while the store fails.
 //!
 //! Only a store error or a store call's own timeout brings a key here; a caller that merely waited long for a
 //! lease in flight is refused locally by the lease engine (invariant 13).
@@ -72,6 +73,14 @@ impl Fallback {
         }
     }
 
+    /// A check of `compiled` allowed from a hot key's reserve (`fail_mode = "local"`, `lease/reserve.rs`) because
+    /// the store failed, for `reason`: counted as the fail mode's decision.
+    pub(crate) fn sold_from_reserve(&self, compiled: &Compiled, reason: FailReason) -> Decision {
+        self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
+        compiled.metrics.fail_mode[reason as usize].increment(1);
+        Decision::bare(true, Duration::ZERO, Source::Fallback)
+    }
+
     /// Decides a reservation of `cost` tokens (of `acquire`) of `compiled` by its fail mode because the store
     /// failed with `error`: `open` grants it at once.
     ///
@@ -85,6 +94,7 @@ impl Fallback {
                 retry_after_ms: 0,
                 reset_after_ms: 0,
                 stamp: 0,
+                held: 0,
             }),
             FailMode::Closed | FailMode::Local => Err(Error::Store(error)),
         }

@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 
 pub(crate) use super::book::Unspent;
 use super::book::{Batch, Book, Probe, Recent};
+use super::reserve::Reserve;
 use super::schedule::{large_fleet, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
 use crate::algorithm::{Reply, TokenBucket};
@@ -72,6 +73,8 @@ pub(crate) struct LocalBucket {
     /// Wakes callers waiting on the lease in flight.
     pub notify: Notify,
     book: Mutex<Book>,
+    /// What the shared bucket holds in escrow for this key under `fail_mode = "local"`.
+    pub reserve: Mutex<Reserve>,
 }
 
 /// The outcome of the hot path.
@@ -108,6 +111,7 @@ impl LocalBucket {
             retired: AtomicBool::new(false),
             last_used_ns: AtomicU64::new(now_ns),
             notify: Notify::new(),
+            reserve: Mutex::new(Reserve::Empty),
             book: Mutex::new(Book {
                 batches: VecDeque::new(),
                 schedule: Schedule::default(),

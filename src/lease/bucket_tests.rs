@@ -10,6 +10,7 @@ fn lease() -> Lease {
         max_batch: 100,
         ttl: Duration::from_millis(200),
         hot_after: None,
+        reserve: None,
     }
 }
 
@@ -32,6 +33,7 @@ fn grant(tokens: u64) -> Reply {
         retry_after_ms: 0,
         reset_after_ms: 0,
         stamp: 0,
+        held: 0,
     }
 }
 
@@ -291,6 +293,7 @@ fn waiting_for_a_far_turn() -> LocalBucket {
         retry_after_ms: 5_000,
         reset_after_ms: 1_000,
         stamp: 0,
+        held: 0,
     };
     assert!(b.add(&turn, 1000 * MS, plan, 1000 * MS));
     b
@@ -323,6 +326,7 @@ fn a_demand_that_falls_lifts_the_wait_for_a_far_turn_and_the_lease_probes() {
         retry_after_ms: 1,
         reset_after_ms: 1_000,
         stamp: 0,
+        held: 0,
     };
     let mut now = lifted;
     for backoff in [200, 400, 800, 1_600] {

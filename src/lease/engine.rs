@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::bucket::{LocalBucket, Take, Unspent};
 use super::heat::FEWEST_TELLING;
+use super::reserve::{Asked, Reserve};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -18,7 +19,7 @@ use crate::decision::{Decision, Source};
 use crate::error::FailReason;
 use crate::fallback::Fallback;
 use crate::refusals::Refusals;
-use crate::rule::{Algorithm, Lease};
+use crate::rule::{Algorithm, FailMode, Lease};
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
@@ -43,6 +44,9 @@ pub(crate) struct Engine {
     pub(crate) members: Arc<Members>,
     /// The keys the store refused lately, refused locally until their `retry_after` (invariant 4).
     pub(crate) refusals: Arc<Refusals>,
+    /// The next number of a lease that asks to hold tokens (a hold's `seq`): from the wall clock's µs at the
+    /// limiter's build, so a process restarted under the same member name numbers after its predecessor.
+    pub(crate) hold_seq: AtomicU64,
 }
 
 /// A decision made from leased tokens, in plain integers.
@@ -96,6 +100,22 @@ fn refused_briefly(local: &LocalBucket, now: u64) -> Decision {
 
 /// The lease TTLs over which a hot key's demand is measured before it is found cooled.
 const COOLING_TTLS: u64 = 5;
+
+/// How long after a reserve's length its hold lasts in the store: a key keeps its reserve between leases at
+/// least this long (a dead process's hold is counted this much longer than it could sell it).
+const HOLD_MARGIN: Duration = Duration::from_secs(2);
+
+/// The length of `local`'s reserve in ns: `None` where it keeps none (a rule not under `fail_mode = "local"`, a
+/// stock, a reserve of zero).
+fn reserve_length(compiled: &Compiled, local: &LocalBucket) -> Option<u64> {
+    let reserve = local.lease.reserve.unwrap_or(Lease::DEFAULT_RESERVE);
+    (compiled.fail_mode == FailMode::Local && local.bucket.rate > 0 && !reserve.is_zero()).then(|| nanos(reserve))
+}
+
+/// `local`'s reserve, locked (a poisoned lock is still consistent: each step leaves it whole).
+fn reserve_of(local: &LocalBucket) -> std::sync::MutexGuard<'_, Reserve> {
+    local.reserve.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The heat at which a key starts leasing: its `hot_after`, by default a quarter of its smallest batch of
 /// decisions and at least [`FEWEST_TELLING`] (3, the sketch's noise), counted by [`Heat`](super::heat::Heat)
@@ -269,7 +289,11 @@ impl Engine {
                 continue;
             }
             if local.is_failing(now) {
-                // The key's last lease failed: its fail mode decides.
+                // The key's last lease failed: under `local` its reserve sells what it has released, then its
+                // fail mode decides.
+                if self.draw_reserve(compiled, &local, cost, now) {
+                    return Some((self.fallback.sold_from_reserve(compiled, local.fail_reason()), false));
+                }
                 return Some((self.fallback.decide(compiled, local.fail_reason()), false));
             }
             if now >= give_up_at {
@@ -333,17 +357,25 @@ impl Engine {
             return;
         }
         let sent = clock.now_ns();
+        let processes = self.fallback.processes(&compiled.rule.name);
         // At most this process's share of the burst at once, so the others get theirs.
-        let fair_share = bucket.capacity / self.fallback.processes(&compiled.rule.name);
+        let fair_share = bucket.capacity / processes;
         let plan = local.plan(fair_share, cost, sent);
+        let hold = self.hold_ask(compiled, local, (processes, plan.batch), sent);
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
-        let call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
+        let mut call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
             .paced(plan.pace)
             .adopted(compiled.adopted_ms)
             .with_timeout(self.store.timeouts.lease);
+        if let Some(asked) = &hold {
+            call = call.holding(asked.ask.clone());
+        }
         let result = self.store.run(&call).await;
         let now = clock.now_ns();
+        if let (Some(asked), Ok(reply)) = (&hold, &result) {
+            reserve_of(local).answered(asked, reply.held, now);
+        }
         tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, ?plan.pace, plan.turn, "lease");
         let m = &compiled.metrics;
         match result {
@@ -375,6 +407,45 @@ impl Engine {
                 local.failed(FailReason::of(&error), self.store.timeouts.backoff, now);
             }
         }
+    }
+
+    /// The ask of a lease of `local` sent at `sent_ns` to hold its reserve (`fail_mode = "local"`, a refilled
+    /// bucket, a reserve that is not zero), in a fleet of `processes`, for leases of `batch` tokens; `None` when it
+    /// has none to ask for or keep.
+    fn hold_ask(
+        &self,
+        compiled: &Compiled,
+        local: &LocalBucket,
+        (processes, batch): (u64, u64),
+        sent_ns: u64,
+    ) -> Option<Asked> {
+        let reserve = reserve_length(compiled, local)?;
+        let mut held = reserve_of(local);
+        let ((share, spent), holding) = (local.reserve_want(processes, reserve), held.tokens(sent_ns));
+        // The demand only slows the hold's growth, by a batch a lease at most (a fleet's first leases, before it
+        // knows its size, would each hold the share of a fleet of one); the hold shrinks only to the share of a
+        // larger fleet. Following the demand down, it would give back and take again at each wobble, and drop
+        // its reserve in an outage, whose decisions the demand does not count.
+        let want = if holding > share {
+            share
+        } else {
+            spent.max(holding).min(holding.saturating_add(batch))
+        };
+        if want == 0 && *held == Reserve::Empty {
+            return None;
+        }
+        let seq = self.hold_seq.fetch_add(1, Ordering::Relaxed);
+        let hold_ns = reserve.saturating_add(nanos(HOLD_MARGIN));
+        Some(held.ask((self.members.name(), seq), want, hold_ns, sent_ns))
+    }
+
+    /// Draws `cost` tokens of `local`'s reserve at `now` (`fail_mode = "local"`), the hold's end confirmed
+    /// against the coarse clock as leased tokens' deadlines are; whether it did.
+    fn draw_reserve(&self, compiled: &Compiled, local: &LocalBucket, cost: u64, now: u64) -> bool {
+        let Some(reserve) = reserve_length(compiled, local) else {
+            return false;
+        };
+        reserve_of(local).draw(cost, reserve, self.recent.confirmed_ns(now))
     }
 
     /// Expires the key's overdue tokens and gives them back in the background.
@@ -450,7 +521,7 @@ impl Engine {
                     self.expire(compiled, local, now);
                 }
                 local.sample(now);
-                outstanding += local.available() + local.scheduled();
+                outstanding += local.available() + local.scheduled() + reserve_of(local).tokens(now);
                 // Cooled: decided fewer than a sixteenth of the smallest batch per TTL, or fewer than once (a key
                 // turns hot from about an eighth, and 1.5 times per TTL, see `hot_at`: the gap keeps a key near
                 // the threshold from going back and forth), measured over COOLING_TTLS TTLs: over one, a key

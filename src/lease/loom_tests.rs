@@ -116,6 +116,7 @@ fn bucket() -> LocalBucket {
         max_batch: 100,
         ttl: Duration::from_millis(200),
         hot_after: None,
+        reserve: None,
     };
     LocalBucket::new("k", "k".into(), bucket, lease, 0)
 }
@@ -127,6 +128,7 @@ fn grant(tokens: u64) -> Reply {
         retry_after_ms: 0,
         reset_after_ms: 0,
         stamp: 0,
+        held: 0,
     }
 }
 

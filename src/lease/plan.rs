@@ -115,6 +115,20 @@ impl LocalBucket {
         }
     }
 
+    /// What this key may hold for an outage of `reserve_ns` under `fail_mode = "local"`, in a fleet of
+    /// `processes`: what its share of the rate sells in that long, at most its share of half the burst (the
+    /// fleet's reserves leave the other half to sell); and of that, what its demand spends in that long (the
+    /// share before a demand is seen).
+    pub(crate) fn reserve_want(&self, processes: u64, reserve_ns: u64) -> (u64, u64) {
+        let (b, processes) = (&self.bucket, u128::from(processes.max(1)));
+        let share = u128::from(b.rate) * u128::from(reserve_ns) / (u128::from(b.per_ms.max(1)) * 1_000_000 * processes);
+        let share = share.min(u128::from(b.capacity) / (2 * processes));
+        let demand = u128::from(self.lock().demand_per_s);
+        let spent = (demand * u128::from(reserve_ns)).div_ceil(1_000_000_000);
+        let spent = if demand > 0 { share.min(spent) } else { share };
+        (u64::try_from(share).unwrap_or(0), u64::try_from(spent).unwrap_or(0))
+    }
+
     /// Records a lease planned at `now_ns` for `batch` tokens, `decisions` having been counted by then.
     fn planned(&self, book: &mut Book, batch: u64, (decisions, now_ns): (u64, u64)) {
         book.batch = batch;

@@ -222,6 +222,7 @@ pub(crate) mod tests {
             max_batch: 500,
             ttl: std::time::Duration::from_millis(200),
             hot_after: None,
+            reserve: None,
         };
         (bucket, lease)
     }
@@ -314,6 +315,7 @@ pub(crate) mod tests {
             max_batch: 98,
             ttl: std::time::Duration::from_millis(300),
             hot_after: None,
+            reserve: None,
         };
         assert_eq!(span_chunks(&bucket, 147), 0);
         assert_eq!(paced_turn((&bucket, &lease), true, (61, 1), 16), None);

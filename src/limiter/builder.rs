@@ -188,6 +188,7 @@ impl LimiterBuilder {
             returned_tokens: AtomicU64::new(0),
             members,
             refusals,
+            hold_seq: AtomicU64::new(hold_seq_origin()),
         });
         let inner = Arc::new(Inner {
             id: super::last_rule::next_limiter(),
@@ -206,6 +207,14 @@ impl LimiterBuilder {
         }
         Ok(Limiter { inner })
     }
+}
+
+/// The first number of a limiter's holds: the wall clock's µs (under 2^53 until the year 2255, exact in the
+/// scripts), so a process restarted under the same member name numbers after its predecessor.
+fn hold_seq_origin() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(1))
 }
 
 /// Compiles rules by name.

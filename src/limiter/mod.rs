@@ -91,7 +91,7 @@ struct Inner {
 /// use tokenlease::{Lease, Limiter, Rule};
 ///
 /// let rule = Rule::token_bucket("sku_buy", 2000, 1000, Duration::from_secs(1))?
-///     .with_lease(Lease { min_batch: 10, max_batch: 500, ttl: Duration::from_millis(200), hot_after: None })?;
+///     .with_lease(Lease { min_batch: 10, max_batch: 500, ttl: Duration::from_millis(200), hot_after: None, reserve: None })?;
 /// let limiter = Limiter::builder().rule(rule).build()?; // no store given: the in-process store
 /// let decision = limiter.check("sku_buy", "sku:42", 1).await?;
 /// assert!(decision.allowed);

@@ -18,4 +18,19 @@ pub struct Lease {
     /// key from its first decision; `None` (the default) is a quarter of `min_batch`, at least 3: about an
     /// eighth of a batch per TTL, steadily.
     pub hot_after: Option<u64>,
+    /// How long an outage a hot key's *reserve* covers under `fail_mode = "local"`: while the store answers, each
+    /// process holds in escrow what its share of the rate sells in that long (at most what its demand spends,
+    /// and the fleet at most half the burst), and while the store fails it sells those tokens, paced over that
+    /// long, and refuses once they are spent ([`crate::algorithm::hold`]). `None`: [`Lease::DEFAULT_RESERVE`];
+    /// zero: no reserve. Unused under `open` and `closed`.
+    pub reserve: Option<Duration>,
+}
+
+impl Lease {
+    /// The reserve of a `local` rule that does not set one: 250 ms of its share of the rate (a longer one holds
+    /// more of the burst: README, "Guarantees and failures").
+    pub const DEFAULT_RESERVE: Duration = Duration::from_millis(250);
+
+    /// The longest reserve a rule may set: an hour.
+    pub const MAX_RESERVE: Duration = Duration::from_secs(3600);
 }

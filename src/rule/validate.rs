@@ -161,5 +161,8 @@ pub(crate) fn validate_lease(lease: &Lease, capacity: u64) -> Result<(), FieldEr
     if lease.ttl.is_zero() {
         return Err(("lease.ttl", "must be longer than zero".into()));
     }
+    if lease.reserve.is_some_and(|r| r > Lease::MAX_RESERVE) {
+        return Err(("lease.reserve", "must be at most an hour".into()));
+    }
     Ok(())
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::algorithm::fleet::Beat;
-use crate::algorithm::{ms, LeakyBucket, Pace, TokenBucket};
+use crate::algorithm::{ms, HoldAsk, LeakyBucket, Pace, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
@@ -33,13 +33,15 @@ pub(crate) enum Op {
     },
     /// `token_lease.lua`: take between `min` and `max` tokens, and the bucket's next turn (spaced by `batch`)
     /// when the call leaves fewer than `min` behind (invariant 18); a grant released by `pace` is pending in the
-    /// bucket until its last chunk.
+    /// bucket until its last chunk. With a `hold`, the caller's hold for an outage is kept, topped up and
+    /// renewed ([`crate::algorithm::hold`]).
     TokenLease {
         bucket: TokenBucket,
         min: u64,
         max: u64,
         batch: u64,
         pace: Pace,
+        hold: Option<HoldAsk>,
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity). With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
@@ -398,6 +400,7 @@ impl Call {
                 max,
                 batch,
                 pace,
+                ..
             } => {
                 let mut v = bucket(b).to_vec();
                 v.extend([int(*min), int(*max), int(*batch), int(pace.chunk), int(pace.chunk_ms)]);
@@ -491,13 +494,29 @@ impl Call {
             self.op,
             Op::TokenBucket { .. } | Op::TokenLease { .. } | Op::TokenReturn { .. } | Op::TokenAcquire { .. }
         );
+        let hold = match &self.op {
+            Op::TokenLease { hold: Some(h), .. } => Some(h),
+            _ => None,
+        };
+        // Optional arguments in order: now_ms, adopted_ms, then a lease's hold (each earlier one given, empty for
+        // the store's TIME).
+        let adopted = token && (self.adopted_ms > 0 || hold.is_some());
         match self.now_ms {
             Some(now) => args.push(int(now)),
-            None if token && self.adopted_ms > 0 => args.push(Arg::Str("")),
+            None if adopted => args.push(Arg::Str("")),
             None => {}
         }
-        if token && self.adopted_ms > 0 {
+        if adopted {
             args.push(int(self.adopted_ms));
+        }
+        if let Some(h) = hold {
+            args.extend([
+                Arg::Str(&h.holder),
+                int(h.seq),
+                int(h.held),
+                int(h.want),
+                int(h.hold_ms),
+            ]);
         }
         args
     }

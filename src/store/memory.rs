@@ -155,7 +155,7 @@ impl MemoryStore {
             Some(Entry {
                 state: State::TokenBucket(s, ..),
                 ..
-            }) => s.as_deref().copied(),
+            }) => s.as_deref().cloned(),
             _ => None,
         }
     }
@@ -287,6 +287,7 @@ impl MemoryStore {
                     retry_after_ms: 0,
                     reset_after_ms: 0,
                     stamp: 0,
+                    held: 0,
                 })
             }
         }

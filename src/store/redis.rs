@@ -405,15 +405,19 @@ impl RedisStore {
 }
 
 /// A script's reply as the redis crate reads any value: the Lua protocol's four integers (docs/ARCHITECTURE.md,
-/// "The Lua protocol"), and a lease's stamp after them; anything else a parsing error (a store error of kind
-/// `other`).
+/// "The Lua protocol"), and a lease's stamp and hold after them; anything else a parsing error (a store error of
+/// kind `other`).
 impl redis::FromRedisValue for Reply {
     fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
         let values = Vec::<i64>::from_redis_value(v)?;
         match values[..] {
             [a, b, c, d] => Ok(Reply::from_wire([a, b, c, d], 0)),
             [a, b, c, d, stamp] => Ok(Reply::from_wire([a, b, c, d], stamp)),
-            _ => Err(format!("a script reply of 4 integers and a stamp, got {values:?}").into()),
+            [a, b, c, d, stamp, held] => Ok(Reply {
+                held: u64::try_from(held).unwrap_or(0),
+                ..Reply::from_wire([a, b, c, d], stamp)
+            }),
+            _ => Err(format!("a script reply of 4 integers, a stamp and a hold, got {values:?}").into()),
         }
     }
 }

@@ -89,6 +89,7 @@ fn sku_buy() -> Limit {
             max_batch: 500,
             ttl: Duration::from_millis(200),
             hot_after: None,
+            reserve: None,
         }),
     }
 }

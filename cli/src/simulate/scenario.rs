@@ -360,6 +360,7 @@ fn draw_limit(rng: &mut SmallRng) -> Limit {
                     max_batch,
                     ttl: Duration::from_millis(rng.random_range(1..=5u64) * 100),
                     hot_after: rng.random_bool(0.2).then_some(1),
+                    reserve: None,
                 }),
             }
         }

@@ -2,7 +2,7 @@
 //! `token_lease.lua`, `token_return.lua`, `token_acquire.lua`).
 
 use super::{Call, Op};
-use crate::algorithm::{Pace, TokenBucket};
+use crate::algorithm::{HoldAsk, Pace, TokenBucket};
 
 impl Call {
     /// `token_bucket.lua`: take between `min` and `max` tokens (the limiter leases with [`Call::lease`]).
@@ -43,6 +43,7 @@ impl Call {
                 max,
                 batch,
                 pace: Pace::default(),
+                hold: None,
             },
         )
     }
@@ -53,6 +54,16 @@ impl Call {
     pub(crate) fn paced(mut self, pace: Pace) -> Self {
         if let Op::TokenLease { pace: p, .. } = &mut self.op {
             *p = pace;
+        }
+        self
+    }
+
+    /// This lease (of [`Call::lease`]) asking to hold tokens for an outage (`fail_mode = "local"`'s reserve,
+    /// [`crate::algorithm::hold`]). Other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn holding(mut self, ask: HoldAsk) -> Self {
+        if let Op::TokenLease { hold, .. } = &mut self.op {
+            *hold = Some(ask);
         }
         self
     }

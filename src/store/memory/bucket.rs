@@ -23,8 +23,10 @@ impl MemoryStore {
                 max,
                 batch,
                 pace,
+                hold,
             } => self.update_bucket_with(*bucket, at, |bucket, old, _, _, fields| {
-                let (new, next, reply) = bucket.lease((old, fields.turn_ms), (*min, *max, *batch), *pace, now);
+                let paced = (*pace, hold.as_ref());
+                let (new, next, reply) = bucket.lease((old, fields.turn_ms), (*min, *max, *batch), paced, now);
                 fields.turn_ms = next;
                 (new, reply)
             }),
@@ -94,7 +96,7 @@ impl MemoryStore {
                 Some((State::TokenBucket(s, ban, marks, fields), _)) => (s.map(|s| *s), ban, marks, fields),
                 _ => (None, Ban::default(), Marks::new(), Fields::default()),
             };
-            let hash_until = old.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
+            let hash_until = old.as_ref().map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
             if hash_until <= now {
                 // Redis expired the hash (the entry lived on for a ban or a mark): a missing bucket, full in this
                 // call's parameters, with no notes or pending tokens.
@@ -110,7 +112,7 @@ impl MemoryStore {
             if new.is_none() {
                 fields = Fields::default();
             }
-            let full_at = new.map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
+            let full_at = new.as_ref().map_or(0, |s| s.full_at_ms().unwrap_or(u64::MAX));
             let marked = marks.iter().map(|(_, _, until)| *until).max().unwrap_or(0);
             let until = full_at.max(ban.until_ms).max(marked);
             let keep = until > now;
@@ -134,7 +136,7 @@ fn once(
     let apply = |old, n| bucket.give_back(old, n, since, now);
     marks.retain(|(_, _, until)| *until > now);
     if let Some(&(_, applied, _)) = marks.iter().find(|(mark, ..)| mark == id) {
-        let (_, mut reply) = apply(old, 0);
+        let (_, mut reply) = apply(old.clone(), 0);
         reply.granted = applied;
         return (old, reply);
     }

@@ -15,6 +15,7 @@ pub(super) fn r(granted: u64, remaining: u64, retry_after_ms: i64, reset_after_m
         retry_after_ms,
         reset_after_ms,
         stamp: 0,
+        held: 0,
     }
 }
 

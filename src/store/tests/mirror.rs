@@ -3,7 +3,7 @@
 
 use super::harness::EveryStore;
 use super::token_bucket::{acquire, bucket, connect, give, paced, redis_bucket, take};
-use crate::algorithm::Reply;
+use crate::algorithm::{HoldAsk, Reply};
 use crate::store::call::Arg;
 use crate::store::call::Op;
 use crate::store::{Call, Store};
@@ -28,10 +28,13 @@ fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
         .query(con)
         .unwrap_or_else(|e| panic!("{call:?}: {e}"));
     let stamp = values.get(4).copied().unwrap_or(0);
-    Reply::from_wire(values[..4].try_into().expect("four integers"), stamp)
+    Reply {
+        held: values.get(5).and_then(|h| u64::try_from(*h).ok()).unwrap_or(0),
+        ..Reply::from_wire(values[..4].try_into().expect("four integers"), stamp)
+    }
 }
 
-/// A pseudo-random sequence of takes, paced leases, acquires and returns on a few keys, each call with parameters drawn
+/// A pseudo-random sequence of takes, paced leases, leases that hold, acquires and returns on a few keys, each call with parameters drawn
 /// afresh (so nearly every call is a reload of its key) and adopted at one of four instants, gives identical replies and stores identical buckets on
 /// both stores. Redis's TTLs run on real time while the calls run on `now_ms`, so the test plays them on `now_ms`
 /// instead: it removes each TTL as the call sets it and deletes a key once its bucket would be full again, as the
@@ -71,6 +74,8 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
     let mut stamps: Vec<u64> = Vec::new();
     let mut capped = 0;
     let mut older = 0;
+    // Replies that held tokens, and calls that found a hold ended (the level refilled up to its end).
+    let (mut holding, mut ended) = (0, 0);
     for i in 0..800 {
         let k = next(3);
         let (cap, rate, per) = params[usize::try_from(if reloads { next(6) } else { 3 * k % 6 + 1 }).expect("idx")];
@@ -80,7 +85,26 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
         if redis_bucket(&mut con, &key).is_some_and(|s| s.full_at_ms().is_some_and(|t| t <= now)) {
             redis::cmd("DEL").arg(&key).exec(&mut con).expect("DEL");
         }
-        let call = match next(7) {
+        let call = match next(9) {
+            // Leases that hold tokens for an outage, for one of three holders, some of them retries of calls
+            // the record has seen a later one of; some paced.
+            7 | 8 => {
+                let i = u64::try_from(i).expect("step");
+                let ask = HoldAsk {
+                    holder: format!("p{}", next(3)),
+                    seq: if next(5) == 0 {
+                        i.saturating_sub(next(30))
+                    } else {
+                        i + 1
+                    },
+                    held: next(cap + 5),
+                    want: next(cap),
+                    hold_ms: next(3 * gap_ms),
+                };
+                let min = 1 + next(cap);
+                let pace = (1 + next(5) * next(2), 1 + next(800));
+                paced(&key, params, (min, min + next(cap), next(cap)), pace, now).holding(ask)
+            }
             // Give-backs without a stamp: 0 to 9 tokens.
             0 => give(&key, params, next(10), now),
             // A give-back of a lease's tokens, capped by the room since its stamp (one of the last leases', or
@@ -107,10 +131,13 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
         // With reloads, each call adopted its parameters at one of four instants: a call adopted before the
         // hash's is decided with the hash's parameters.
         let call = call.adopted(if reloads { next(4) * 1_000 } else { 0 });
-        older += usize::from(redis_bucket(&mut con, &key).is_some_and(|s| s.adopted_ms > call.adopted_ms));
+        let before = redis_bucket(&mut con, &key);
+        older += usize::from(before.as_ref().is_some_and(|s| s.adopted_ms > call.adopted_ms));
+        ended += usize::from(before.is_some_and(|s| s.holds.records.iter().any(|h| h.until_ms <= now)));
         let a = run_persisting(&mut con, &call);
         let b = memory.run(&call).await.expect("memory");
         assert_eq!(a, b, "step {i}: {call:?}");
+        holding += usize::from(a.held > 0);
         if a.stamp > 0 {
             stamps.insert(0, a.stamp);
             stamps.truncate(4);
@@ -123,7 +150,7 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
         ) = (&call.op, redis_bucket(&mut con, &key))
         {
             // Fewer accepted than given, and the level still below its top: the notes capped it.
-            let top = i128::from(s.bucket.capacity - s.paced.at(now)) * i128::from(s.bucket.per_ms);
+            let top = (i128::from(s.bucket.capacity) - i128::from(s.paced.at(now))) * i128::from(s.bucket.per_ms);
             capped += usize::from(a.granted < *tokens && i128::from(s.level) < top);
         }
         assert_eq!(
@@ -132,6 +159,10 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
             "the stored bucket after step {i}: redis (left) and memory (right); {call:?}"
         );
     }
+    assert!(
+        holding >= 30 && ended >= 30,
+        "{holding} replies held tokens, {ended} calls found a hold ended"
+    );
     if !reloads {
         assert!(capped >= 10, "only {capped} give-backs were capped by their notes");
     } else {

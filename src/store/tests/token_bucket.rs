@@ -3,6 +3,7 @@
 
 use super::common::RedisServer;
 use super::harness::{r, step, EveryStore, Step};
+use crate::algorithm::hold::{Hold, Holds};
 use crate::algorithm::paced::Pending;
 use crate::algorithm::room::Rooms;
 use crate::algorithm::{Pace, Reply, TokenBucket, TokenBucketState};
@@ -349,9 +350,39 @@ pub(super) fn redis_bucket(con: &mut redis::Connection, key: &str) -> Option<Tok
         },
         rooms: Rooms::from_fields(uint(8), uint(9), rooms.as_deref().unwrap_or("")),
         adopted_ms: uint(10),
+        holds: redis_holds(con, key),
     };
     let full = i64::try_from(uint(3).saturating_mul(uint(2))).unwrap_or(i64::MAX);
     (state.level < full).then_some(state)
+}
+
+/// The holds a real Redis hash keeps (`held_next`, `held_last` and the `h:{holder}` records, in holder order).
+fn redis_holds(con: &mut redis::Connection, key: &str) -> Holds {
+    let all: Vec<(String, String)> = redis::cmd("HGETALL").arg(key).query(con).expect("HGETALL");
+    let field = |name: &str| {
+        all.iter()
+            .find(|(f, _)| f == name)
+            .map_or(0, |(_, v)| v.parse().unwrap_or(0))
+    };
+    let mut records: Vec<Hold> = all
+        .iter()
+        .filter_map(|(f, v)| {
+            let holder = f.strip_prefix("h:")?;
+            let mut parts = v.split(':').map(|p| p.parse::<u64>().ok());
+            Some(Hold {
+                holder: holder.to_owned(),
+                tokens: parts.next()??,
+                until_ms: parts.next()??,
+                seq: parts.next()??,
+            })
+        })
+        .collect();
+    records.sort_by(|a, b| a.holder.cmp(&b.holder));
+    Holds {
+        records,
+        next_ms: field("held_next"),
+        last_ms: field("held_last"),
+    }
 }
 
 /// Replays `steps` on both stores side by side, on the same keys: every reply is the expected one and, after
