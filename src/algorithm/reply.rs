@@ -18,7 +18,7 @@ pub struct Reply {
     /// A lease's grant: its stamp in the bucket's notes of room (`token_lease.lua`'s fifth integer), which its
     /// give-back sends back ([`crate::algorithm::room::Rooms`]); 0 otherwise.
     pub stamp: u64,
-    /// A lease that asked to hold tokens ([`crate::algorithm::hold`]): the tokens its holder holds after it
+    /// A lease that asked to hold tokens (`src/algorithm/hold.rs`): the tokens its holder holds after it
     /// (`token_lease.lua`'s sixth integer); 0 otherwise.
     pub held: u64,
 }

@@ -21,7 +21,7 @@ pub struct Lease {
     /// How long an outage a hot key's *reserve* covers under `fail_mode = "local"`: while the store answers, each
     /// process holds in escrow what its share of the rate sells in that long (at most what its demand spends,
     /// and the fleet at most half the burst), and while the store fails it sells those tokens, paced over that
-    /// long, and refuses once they are spent ([`crate::algorithm::hold`]). `None`: [`Lease::DEFAULT_RESERVE`];
+    /// long, and refuses once they are spent (`src/algorithm/hold.rs`). `None`: [`Lease::DEFAULT_RESERVE`];
     /// zero: no reserve. Unused under `open` and `closed`.
     pub reserve: Option<Duration>,
 }
