@@ -13,8 +13,8 @@ const RATE: u64 = 100;
 const MAX_BATCH: u64 = 20;
 
 /// Tokens admitted in each 10 ms of 6 s: one process deciding 200 times a second (twice the rate) on one key,
-/// the store refusing every call from 3 s on.
-async fn admitted(mode: FailMode, reserve: Option<Duration>) -> Vec<u64> {
+/// the store refusing every call from 3 s on; and the tokens the store held for it just before.
+async fn admitted(mode: FailMode, reserve: Option<Duration>) -> (Vec<u64>, u64) {
     let clock = Arc::new(TokioClock::new());
     let faults = Faults::new(clock.clone(), Duration::from_millis(1), Duration::from_millis(50));
     let lease = Lease {
@@ -37,16 +37,17 @@ async fn admitted(mode: FailMode, reserve: Option<Duration>) -> Vec<u64> {
         .build()
         .expect("limiter");
     let rule = limiter.rule("r").expect("rule");
-    let mut admitted = vec![0; 600];
+    let (mut admitted, mut reserved) = (vec![0; 600], 0);
     for tick in 0..1_200 {
         if tick == 600 {
+            reserved = limiter.stats().reserved_tokens;
             faults.set_store(StoreFault::Refusing);
         }
         let decision = rule.check("k", 1).await.expect("a decision");
         admitted[tick / 2] += u64::from(decision.allowed);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    admitted
+    (admitted, reserved)
 }
 
 /// Every window of `admitted` (10 ms each) within `capacity + rate × (W + ttl)`.
@@ -68,8 +69,13 @@ fn assert_within_the_bound(admitted: &[u64]) {
 
 #[tokio::test(start_paused = true)]
 async fn a_local_key_sells_its_reserve_through_an_outage_paced_and_then_refuses() {
-    let local = admitted(FailMode::Local, Some(Duration::from_secs(1))).await;
-    let closed = admitted(FailMode::Closed, Some(Duration::from_secs(1))).await;
+    let (local, reserved) = admitted(FailMode::Local, Some(Duration::from_secs(1))).await;
+    let (closed, none_held) = admitted(FailMode::Closed, Some(Duration::from_secs(1))).await;
+    assert_eq!(
+        (reserved, none_held),
+        (100, 0),
+        "tokens held before the outage, local and closed"
+    );
     for run in [&local, &closed] {
         assert_within_the_bound(run);
     }
@@ -87,6 +93,6 @@ async fn a_local_key_sells_its_reserve_through_an_outage_paced_and_then_refuses(
     );
     assert_eq!(outage(&local, 4_100, 6_000), 0, "sold after the reserve ran out");
     // Zero: no reserve.
-    let none = admitted(FailMode::Local, Some(Duration::ZERO)).await;
+    let (none, _) = admitted(FailMode::Local, Some(Duration::ZERO)).await;
     assert!(outage(&none, 3_000, 6_000) <= MAX_BATCH);
 }

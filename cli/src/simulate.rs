@@ -284,6 +284,7 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
         leased: at_end.leased,
         returned: at_end.returned,
         pending: at_end.pending,
+        reserved: at_end.reserved,
         fail_mode: at_end.fail_mode,
         beats: fleet_at.last().map_or(0, |f| f.beats) - fleet_at.first().map_or(0, |f| f.beats),
         counted,
@@ -299,8 +300,9 @@ struct Fleet {
     /// Tokens leased from the store, and given back unused.
     leased: u64,
     returned: u64,
-    /// Tokens of paced leases not yet released, at the sample.
+    /// Tokens of paced leases not yet released, and held in reserves (`local`), at the sample.
     pending: u64,
+    reserved: u64,
     /// Decisions made by `fail_mode`.
     fail_mode: u64,
     /// The fleet's beats (not in `calls`).
@@ -359,6 +361,7 @@ impl Fleet {
             fleet.leased += s.leased_tokens;
             fleet.returned += s.returned_tokens;
             fleet.pending += s.pending_tokens;
+            fleet.reserved += s.reserved_tokens;
             fleet.fail_mode += s.fail_mode_errors + s.fail_mode_timeouts + s.fail_mode_circuit_open;
             fleet.beats += s.beats;
             for (script, n) in limiter.store_calls_by_script() {

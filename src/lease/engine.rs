@@ -439,6 +439,14 @@ impl Engine {
         Some(held.ask((self.members.name(), seq), want, hold_ns, sent_ns))
     }
 
+    /// Tokens held for the hot keys of `rules` now (their reserves, `fail_mode = "local"`).
+    pub(crate) fn reserved_tokens<'a>(&self, rules: impl IntoIterator<Item = &'a Arc<Compiled>>) -> u64 {
+        let now = self.clock.now_ns();
+        (rules.into_iter())
+            .map(|c| c.leases.iter().map(|l| reserve_of(l.value()).tokens(now)).sum::<u64>())
+            .sum()
+    }
+
     /// Draws `cost` tokens of `local`'s reserve at `now` (`fail_mode = "local"`), the hold's end confirmed
     /// against the coarse clock as leased tokens' deadlines are; whether it did.
     fn draw_reserve(&self, compiled: &Compiled, local: &LocalBucket, cost: u64, now: u64) -> bool {

@@ -53,6 +53,9 @@ pub struct LimiterStats {
     /// Tokens of paced leases not yet released to this process's callers, now: the store granted them (its
     /// pending line counts them as taken) and they are sold as their chunks come, or given back at shutdown.
     pub pending_tokens: u64,
+    /// Tokens the store holds for this process's hot keys under `fail_mode = "local"` (their reserves), now:
+    /// sold only while the store fails; out of the shared bucket until their holds end.
+    pub reserved_tokens: u64,
     /// Decisions made by `fail_mode` because the store answered with an error.
     pub fail_mode_errors: u64,
     /// Decisions made by `fail_mode` because a store call timed out (a caller's long wait for a lease in flight
@@ -345,6 +348,7 @@ impl Limiter {
             pending_tokens: (self.inner.rules.load().values())
                 .map(|c| c.leases.iter().map(|l| l.value().scheduled()).sum::<u64>())
                 .sum(),
+            reserved_tokens: engine.reserved_tokens(self.inner.rules.load().values()),
             fail_mode_errors,
             fail_mode_timeouts,
             fail_mode_circuit_open,

@@ -34,6 +34,10 @@ pub(super) struct Report {
     /// sold later in a sale that went on, not lost.
     #[serde(default)]
     pub(super) pending_tokens: u64,
+    /// Tokens held in the reserves of `fail_mode = "local"` when the sale ended: out of the bucket until the
+    /// holds end, sold only while the store fails.
+    #[serde(default)]
+    pub(super) reserved_tokens: u64,
     /// Refusals the limiter answered in process from a refusal it remembered (no store call).
     #[serde(default)]
     pub(super) refusals_answered: u64,
@@ -104,6 +108,7 @@ pub(super) fn merge(reports: &[Report]) -> Result<(Report, Histogram<u64>), Stri
         total.leased_tokens += r.leased_tokens;
         total.returned_tokens += r.returned_tokens;
         total.pending_tokens += r.pending_tokens;
+        total.reserved_tokens += r.reserved_tokens;
         total.refusals_answered += r.refusals_answered;
         total.peak_rss_kib = total.peak_rss_kib.max(r.peak_rss_kib);
         total.fail_mode_errors += r.fail_mode_errors;

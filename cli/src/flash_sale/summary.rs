@@ -94,6 +94,12 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             total.pending_tokens
         );
     }
+    if total.reserved_tokens > 0 {
+        println!(
+            "  held in reserves      {} (fail_mode = \"local\": out of the bucket until their holds end)",
+            total.reserved_tokens
+        );
+    }
     println!("  rejected              {}", total.rejected);
     println!(
         "  decided by            {} from leases, {} by the store, {} by fail_mode ({whose})",
@@ -184,6 +190,7 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             "leased_tokens": total.leased_tokens,
             "returned_tokens": total.returned_tokens,
             "pending_tokens": total.pending_tokens,
+            "reserved_tokens": total.reserved_tokens,
             "refusals_answered": total.refusals_answered,
             "peak_rss_mib": total.peak_rss_kib as f64 / 1024.0,
             "decisions_per_s": decisions_per_s,

@@ -103,10 +103,11 @@ pub(super) async fn run_worker(spec: Spec) -> Result<Report, String> {
         hist.add(h).map_err(|e| e.to_string())?;
     }
     // Read before the shutdown gives them back.
-    let pending_tokens = limiter.stats().pending_tokens;
+    let before = limiter.stats();
     limiter.shutdown().await;
     let stats = limiter.stats();
-    report.pending_tokens = pending_tokens;
+    report.pending_tokens = before.pending_tokens;
+    report.reserved_tokens = before.reserved_tokens;
     report.redis_calls = stats.store_calls;
     report.leased_tokens = stats.leased_tokens;
     report.returned_tokens = stats.returned_tokens;

@@ -74,6 +74,9 @@ pub(crate) struct Figures {
     pub(crate) returned: u64,
     /// Tokens granted to paced leases and not yet released when the sale ended: sold later, not lost.
     pub(crate) pending: u64,
+    /// Tokens held in the processes' reserves when the sale ended (`local`): out of the bucket until the holds
+    /// end, sold only while the store fails.
+    pub(crate) reserved: u64,
     /// Decisions made by `fail_mode` (the store failed or timed out).
     pub(crate) fail_mode: u64,
     /// The fleet's beats during the sale (store calls of their own, not in `calls_at`).
@@ -229,6 +232,7 @@ pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
     });
     // Apart from the macro: serde_json's json! recurses once per field.
     object["pending_tokens_at_end"] = json!(f.pending);
+    object["reserved_tokens_at_end"] = json!(f.reserved);
     if let serde_json::Value::Object(fields) = &mut object {
         fields.insert("skew".into(), setup.skew.into());
         fields.insert("ops_per_s".into(), ops_json(&d.ops_per_s));
@@ -304,9 +308,9 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
         if f.worst.ratio > 1.0 { "  OVER THE BOUND" } else { "" }
     );
     println!(
-        "  leased {} tokens, gave back {}, {} pending at the end (granted, sold later); {} decisions, {} errors, {} \
-         by fail_mode",
-        f.leased, f.returned, f.pending, f.decisions, f.errors, f.fail_mode
+        "  leased {} tokens, gave back {}, {} pending at the end (granted, sold later), {} held in reserves; {} \
+         decisions, {} errors, {} by fail_mode",
+        f.leased, f.returned, f.pending, f.reserved, f.decisions, f.errors, f.fail_mode
     );
     println!("  calls per second     {:?}", d.calls_by_second);
     println!("  admitted per second  {:?}", f.admitted_by_second);
