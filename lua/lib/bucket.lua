@@ -59,7 +59,7 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
   local same = was_per == per and was_capacity == capacity and was_rate == rate
   if same and adopted > was_adopted then redis.call('HSET', key, 'adopted', int(adopted)) end
   local held = tonumber(s[11]) or 0
-  HOLDS = { held = held, next = tonumber(s[12]) or 0, last = tonumber(s[13]) or 0, ended = {} }
+  HOLDS = { held = held, had = held, next = tonumber(s[12]) or 0, last = tonumber(s[13]) or 0, ended = {} }
   if held > 0 and now >= HOLDS.next then
     local all, ended = redis.call('HGETALL', key), {}
     HOLDS.next, HOLDS.last = 0, 0
@@ -131,7 +131,7 @@ local function save_bucket(key, level, ts, capacity, rate, per, adopted, pace)
     end
     if HOLDS.held > 0 then
       redis.call('HSET', key, 'held', int(HOLDS.held), 'held_next', int(HOLDS.next), 'held_last', int(HOLDS.last))
-    else
+    elseif (HOLDS.had or 0) > 0 then
       redis.call('HDEL', key, 'held', 'held_next', 'held_last')
     end
   end
