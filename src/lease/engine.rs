@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::bucket::{LocalBucket, Take, Unspent};
 use super::heat::FEWEST_TELLING;
-use super::reserve::{Asked, Reserve};
+use super::reserve::{locked, Asked, Reserve, HOLD_MARGIN};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -101,20 +101,11 @@ fn refused_briefly(local: &LocalBucket, now: u64) -> Decision {
 /// The lease TTLs over which a hot key's demand is measured before it is found cooled.
 const COOLING_TTLS: u64 = 5;
 
-/// How long after a reserve's length its hold lasts in the store: a key keeps its reserve between leases at
-/// least this long (a dead process's hold is counted this much longer than it could sell it).
-const HOLD_MARGIN: Duration = Duration::from_secs(2);
-
 /// The length of `local`'s reserve in ns: `None` where it keeps none (a rule not under `fail_mode = "local"`, a
 /// stock, a reserve of zero).
 fn reserve_length(compiled: &Compiled, local: &LocalBucket) -> Option<u64> {
     let reserve = local.lease.reserve.unwrap_or(Lease::DEFAULT_RESERVE);
     (compiled.fail_mode == FailMode::Local && local.bucket.rate > 0 && !reserve.is_zero()).then(|| nanos(reserve))
-}
-
-/// `local`'s reserve, locked (a poisoned lock is still consistent: each step leaves it whole).
-fn reserve_of(local: &LocalBucket) -> std::sync::MutexGuard<'_, Reserve> {
-    local.reserve.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The heat at which a key starts leasing: its `hot_after`, by default a quarter of its smallest batch of
@@ -374,7 +365,7 @@ impl Engine {
         let result = self.store.run(&call).await;
         let now = clock.now_ns();
         if let (Some(asked), Ok(reply)) = (&hold, &result) {
-            reserve_of(local).answered(asked, reply.held, now);
+            locked(&local.reserve).answered(asked, reply.held, now);
         }
         tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, ?plan.pace, plan.turn, "lease");
         let m = &compiled.metrics;
@@ -409,9 +400,8 @@ impl Engine {
         }
     }
 
-    /// The ask of a lease of `local` sent at `sent_ns` to hold its reserve (`fail_mode = "local"`, a refilled
-    /// bucket, a reserve that is not zero), in a fleet of `processes`, for leases of `batch` tokens; `None` when it
-    /// has none to ask for or keep.
+    /// The ask of a lease of `local` sent at `sent_ns` to hold its reserve, in a fleet of `processes`, for leases
+    /// of `batch` tokens; `None` when it has none to ask for or keep (see `reserve_length`).
     fn hold_ask(
         &self,
         compiled: &Compiled,
@@ -420,7 +410,7 @@ impl Engine {
         sent_ns: u64,
     ) -> Option<Asked> {
         let reserve = reserve_length(compiled, local)?;
-        let mut held = reserve_of(local);
+        let mut held = locked(&local.reserve);
         let ((share, spent), holding) = (local.reserve_want(processes, reserve), held.tokens(sent_ns));
         // The demand only slows the hold's growth, by a batch a lease at most (a fleet's first leases, before it
         // knows its size, would each hold the share of a fleet of one); the hold shrinks only to the share of a
@@ -442,9 +432,13 @@ impl Engine {
     /// Tokens held for the hot keys of `rules` now (their reserves, `fail_mode = "local"`).
     pub(crate) fn reserved_tokens<'a>(&self, rules: impl IntoIterator<Item = &'a Arc<Compiled>>) -> u64 {
         let now = self.clock.now_ns();
-        (rules.into_iter())
-            .map(|c| c.leases.iter().map(|l| reserve_of(l.value()).tokens(now)).sum::<u64>())
-            .sum()
+        let held = |c: &Arc<Compiled>| {
+            c.leases
+                .iter()
+                .map(|l| locked(&l.value().reserve).tokens(now))
+                .sum::<u64>()
+        };
+        rules.into_iter().map(held).sum()
     }
 
     /// Draws `cost` tokens of `local`'s reserve at `now` (`fail_mode = "local"`), the hold's end confirmed
@@ -453,7 +447,7 @@ impl Engine {
         let Some(reserve) = reserve_length(compiled, local) else {
             return false;
         };
-        reserve_of(local).draw(cost, reserve, self.recent.confirmed_ns(now))
+        locked(&local.reserve).draw(cost, reserve, self.recent.confirmed_ns(now))
     }
 
     /// Expires the key's overdue tokens and gives them back in the background.
@@ -529,7 +523,7 @@ impl Engine {
                     self.expire(compiled, local, now);
                 }
                 local.sample(now);
-                outstanding += local.available() + local.scheduled() + reserve_of(local).tokens(now);
+                outstanding += local.available() + local.scheduled() + locked(&local.reserve).tokens(now);
                 // Cooled: decided fewer than a sixteenth of the smallest batch per TTL, or fewer than once (a key
                 // turns hot from about an eighth, and 1.5 times per TTL, see `hot_at`: the gap keeps a key near
                 // the threshold from going back and forth), measured over COOLING_TTLS TTLs: over one, a key
