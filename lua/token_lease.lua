@@ -136,8 +136,8 @@ if holder and holder ~= '' then
   for _, e in ipairs(HOLDS.ended) do if e[2] == field then gone = true end end
   local raw = (not gone) and redis.call('HGET', KEYS[1], field)
   if raw then
-    local t, _, q = string.match(raw, '^(%d+):(%d+):(%d+)$')
-    rec_tokens, rec_seq = tonumber(t), tonumber(q)
+    local t, _, q = parse_hold(raw)
+    rec_tokens, rec_seq = t, q
   end
   if not (rec_seq and seq <= rec_seq) then
     local unspent = rec_tokens or 0

@@ -38,6 +38,10 @@ end
 -- the records are read): the level is refilled up to each end, earliest first, under the top it had then, before
 -- the refill to now; HOLDS keeps what save_bucket writes of them.
 local HOLDS = nil
+local function parse_hold(raw) -- a hold record "tokens:until_ms:seq" as three numbers (nil when malformed)
+  local t, u, q = string.match(raw, '^(%d+):(%d+):(%d+)$')
+  return tonumber(t), tonumber(u), tonumber(q)
+end
 local function pend_at(s, t) -- the pending line of load_bucket's HMGET `s` at t (ms)
   local pend, from, pend_end = tonumber(s[6]) or 0, tonumber(s[7]) or t, tonumber(s[8]) or 0
   if pend <= 0 or t >= pend_end then return 0 end
@@ -65,8 +69,7 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
     HOLDS.next, HOLDS.last = 0, 0
     for i = 1, #all, 2 do
       if string.sub(all[i], 1, 2) == 'h:' then
-        local t, u = string.match(all[i + 1], '^(%d+):(%d+):')
-        t, u = tonumber(t), tonumber(u)
+        local t, u = parse_hold(all[i + 1])
         if u <= now then
           ended[#ended + 1] = { u, all[i], t }
         else

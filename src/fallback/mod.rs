@@ -62,8 +62,7 @@ impl Fallback {
     /// Decides a check of `compiled` by its fail mode because the store failed, for `reason`: `open` allows,
     /// `closed` and `local` refuse for the back-off. A limiter shutting down refuses with no `retry_after`.
     pub(crate) fn decide(&self, compiled: &Compiled, reason: FailReason) -> Decision {
-        self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
-        compiled.metrics.fail_mode[reason as usize].increment(1);
+        self.count(compiled, reason);
         if self.background.is_closed() {
             return Decision::bare(false, Duration::ZERO, Source::Fallback);
         }
@@ -76,9 +75,14 @@ impl Fallback {
     /// A check of `compiled` allowed from a hot key's reserve (`fail_mode = "local"`, `lease/reserve.rs`) because
     /// the store failed, for `reason`: counted as the fail mode's decision.
     pub(crate) fn sold_from_reserve(&self, compiled: &Compiled, reason: FailReason) -> Decision {
+        self.count(compiled, reason);
+        Decision::bare(true, Duration::ZERO, Source::Fallback)
+    }
+
+    /// Counts a decision of `compiled` made by its fail mode, for `reason`, here and in its metric.
+    fn count(&self, compiled: &Compiled, reason: FailReason) {
         self.decided[reason as usize].fetch_add(1, Ordering::Relaxed);
         compiled.metrics.fail_mode[reason as usize].increment(1);
-        Decision::bare(true, Duration::ZERO, Source::Fallback)
     }
 
     /// Decides a reservation of `cost` tokens (of `acquire`) of `compiled` by its fail mode because the store

@@ -44,7 +44,7 @@ pub(crate) struct Engine {
     pub(crate) members: Arc<Members>,
     /// The keys the store refused lately, refused locally until their `retry_after` (invariant 4).
     pub(crate) refusals: Arc<Refusals>,
-    /// The next number of a lease that asks to hold tokens (a hold's `seq`): from the wall clock's µs at the
+    /// The next number of a lease that asks to hold tokens (a hold's `seq`): from the clock's wall ms × 1000 at the
     /// limiter's build, so a process restarted under the same member name numbers after its predecessor.
     pub(crate) hold_seq: AtomicU64,
 }

@@ -176,6 +176,9 @@ impl LimiterBuilder {
         } else {
             recent
         };
+        // A limiter's hold numbers start at its clock's wall ms × 1000 (under 2^53 until the year 2255, exact in
+        // the scripts), so a process restarted under the same member name numbers after its predecessor.
+        let hold_seq = AtomicU64::new(clock.wall_ms().saturating_mul(1_000).max(1));
         let engine = Arc::new(Engine {
             store,
             fallback,
@@ -188,7 +191,7 @@ impl LimiterBuilder {
             returned_tokens: AtomicU64::new(0),
             members,
             refusals,
-            hold_seq: AtomicU64::new(hold_seq_origin()),
+            hold_seq,
         });
         let inner = Arc::new(Inner {
             id: super::last_rule::next_limiter(),
@@ -207,14 +210,6 @@ impl LimiterBuilder {
         }
         Ok(Limiter { inner })
     }
-}
-
-/// The first number of a limiter's holds: the wall clock's µs (under 2^53 until the year 2255, exact in the
-/// scripts), so a process restarted under the same member name numbers after its predecessor.
-fn hold_seq_origin() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(1))
 }
 
 /// Compiles rules by name.
