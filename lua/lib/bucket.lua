@@ -62,6 +62,13 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
   end
   local same = was_per == per and was_capacity == capacity and was_rate == rate
   if same and adopted > was_adopted then redis.call('HSET', key, 'adopted', int(adopted)) end
+  -- A lowered rate applies from the last write: the level is converted there, before anything refills.
+  if not same and rate * was_per < was_rate * per then
+    if level > was_capacity * was_per then level = was_capacity * was_per end
+    level = rescale(level, was_per, per)
+    if level > capacity * per then level = capacity * per end
+    was_capacity, was_rate, was_per = capacity, rate, per
+  end
   local held = tonumber(s[11]) or 0
   HOLDS = { held = held, had = held, next = tonumber(s[12]) or 0, last = tonumber(s[13]) or 0, ended = {} }
   if held > 0 and now >= HOLDS.next then
@@ -97,15 +104,9 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
     ts = now
   end
   if level > was_capacity * was_per then level = was_capacity * was_per end
-  if not same and rate * was_per < was_rate * per then
-    level = rescale(level, was_per, per)
-    if level > capacity * per then level = capacity * per end
-    level = level + elapsed * rate
-  else
-    level = level + elapsed * was_rate
-    if level > was_capacity * was_per then level = was_capacity * was_per end
-    level = rescale(level, was_per, per)
-  end
+  level = level + elapsed * was_rate
+  if level > was_capacity * was_per then level = was_capacity * was_per end
+  level = rescale(level, was_per, per)
   if level > capacity * per then level = capacity * per end
   -- Rooms noted under other parameters mean nothing under these (note_room): a reload forgets them. Every caller
   -- that gets `same = false` saves the bucket.

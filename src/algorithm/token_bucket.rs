@@ -130,10 +130,10 @@ impl TokenBucket {
     }
 
     /// The state at `now_ms` in these parameters: a missing bucket is full; a stored one is refilled since its
-    /// timestamp at the parameters it was computed with (capped at that capacity), then converted to these
-    /// (rescaled to this `per_ms`, capped at this capacity). So a reload applies from the first call after it,
-    /// and the time before it refills at the old rate (invariant 11; Guava's `RateLimiter.setRate` resyncs the
-    /// same way).
+    /// timestamp, then converted to these (rescaled to this `per_ms`, capped at this capacity). The time since
+    /// the timestamp refills at the lower of the two rates: a reload that raises the rate applies from the first
+    /// call after it (Guava's `RateLimiter.setRate` resyncs the same way), one that lowers it from the bucket's
+    /// last write (invariant 11).
     pub(crate) fn refill(&self, state: Option<TokenBucketState>, now_ms: u64) -> TokenBucketState {
         let full = self.full();
         let Some(s) = state else {
@@ -151,6 +151,15 @@ impl TokenBucket {
         let mut was = s.bucket;
         if was.per_ms == 0 {
             was.per_ms = self.per_ms;
+        }
+        let changed = was != *self;
+        // Across a change of parameters the time since `ts_ms` refills at the lower rate (tokens per ms): a
+        // reload that lowers the rate applies from the bucket's last write (the level is converted there, before
+        // anything refills, the stretches up to ended holds' ends too), one that raises it from this call.
+        let lower = u128::from(self.rate) * u128::from(was.per_ms) < u128::from(was.rate) * u128::from(self.per_ms);
+        if changed && lower {
+            s.level = rescale(s.level.min(was.full()), was.per_ms, self.per_ms).min(full);
+            was = *self;
         }
         // Holds that ended since: the level refills up to each end under the top it had then, at the parameters
         // it was computed with (module docs of `hold`).
@@ -170,21 +179,9 @@ impl TokenBucket {
         }
         let elapsed = now_ms.saturating_sub(s.ts_ms);
         let ts_ms = s.ts_ms.max(now_ms);
-        let refilled = |level: i64, b: &TokenBucket| {
-            let added = i128::from(elapsed) * i128::from(b.rate);
-            i64::try_from((i128::from(level) + added).min(i128::from(b.full()))).unwrap_or(full)
-        };
-        // Across a change of parameters the time since `ts_ms` refills at the lower rate (tokens per ms): a
-        // reload that lowers the rate applies from the bucket's last write, one that raises it from this call.
-        let lower = u128::from(self.rate) * u128::from(was.per_ms) < u128::from(was.rate) * u128::from(self.per_ms);
-        let level = if was != *self && lower {
-            refilled(
-                rescale(s.level.min(was.full()), was.per_ms, self.per_ms).min(full),
-                self,
-            )
-        } else {
-            rescale(refilled(s.level, &was).min(was.full()), was.per_ms, self.per_ms)
-        };
+        let added = i128::from(elapsed) * i128::from(was.rate);
+        let refilled = i64::try_from((i128::from(s.level) + added).min(i128::from(was.full()))).unwrap_or(full);
+        let level = rescale(refilled, was.per_ms, self.per_ms);
         let level = level.min(self.top(&s, now_ms));
         TokenBucketState {
             level,
@@ -192,7 +189,7 @@ impl TokenBucket {
             bucket: *self,
             paced: s.paced,
             // Rooms noted under other parameters mean nothing under these: a reload starts the notes again.
-            rooms: if was == *self { s.rooms } else { Rooms::default() },
+            rooms: if changed { Rooms::default() } else { s.rooms },
             adopted_ms: s.adopted_ms,
             holds: s.holds,
         }
