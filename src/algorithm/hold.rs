@@ -133,7 +133,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::{Pace, TokenBucket};
+    use crate::algorithm::{Pace, TokenBucket, TokenBucketState};
 
     fn ask(seq: u64, held: u64, want: u64) -> HoldAsk {
         HoldAsk {
@@ -193,9 +193,9 @@ mod tests {
         assert_eq!((holds.next_ms, holds.last_ms), (0, 0));
     }
 
-    #[test]
-    fn an_ended_hold_gives_its_room_back_to_the_refill_not_at_once() {
-        // 100 tokens, 10 a second. A process leases 50 and holds the other 50 for 10 s: the level is empty.
+    /// 100 tokens, 10 a second: at 0 a process leases 50 and holds the other 50 for `hold_ms`, so the level is
+    /// empty. Returns the bucket and its state.
+    fn drained_with_a_hold(hold_ms: u64) -> (TokenBucket, Option<TokenBucketState>) {
         let b = TokenBucket {
             capacity: 100,
             rate: 10,
@@ -206,37 +206,30 @@ mod tests {
             seq: 1,
             held: 0,
             want: 50,
-            hold_ms: 10_000,
+            hold_ms,
         };
         let (s, _, r) = b.lease((None, 0), (1, 50, 0), (Pace::default(), Some(&ask)), 0);
         assert_eq!((r.granted, r.held, r.remaining), (50, 50, 0));
-        // It spends the 50 it holds at 9.5 s, just before its hold ends. Nothing calls until 10.5 s: the level
-        // refilled under a top of 50 until 10 s, then 5 more. Refilled to 10.5 s under the top of then, it would
-        // hold 100, and the second from 9.5 s would sell 150 of its 110.
+        (b, s)
+    }
+
+    #[test]
+    fn an_ended_hold_gives_its_room_back_to_the_refill_not_at_once() {
+        // The hold lasts 10 s; the process spends the 50 it holds at 9.5 s, just before it ends. Nothing calls
+        // until 10.5 s: the level refilled under a top of 50 until 10 s, then 5 more. Refilled to 10.5 s under
+        // the top of then, it would hold 100, and the second from 9.5 s would sell 150 of its 110.
+        let (b, s) = drained_with_a_hold(10_000);
         let (_, r) = b.take(s, 1, 1_000, 10_500);
         assert_eq!(r.granted, 55);
     }
 
     #[test]
     fn an_ended_hold_refills_at_a_lowered_rate_from_the_last_write() {
-        // 100 tokens, 10 a second; 50 leased and 50 held for 1 s at 0: the level is empty. The rate is lowered
-        // to 1 a second and the next call comes at 5 s (the store was down across the reload). The time since
-        // the last write refills at the lower rate, the stretch up to the hold's end too: 5 tokens, not the 10
-        // of the old rate to 1 s and 4 more (seed 13281 of the simulator: 1.09x the bound under `local`).
-        let b = TokenBucket {
-            capacity: 100,
-            rate: 10,
-            per_ms: 1_000,
-        };
-        let ask = HoldAsk {
-            holder: "a".into(),
-            seq: 1,
-            held: 0,
-            want: 50,
-            hold_ms: 1_000,
-        };
-        let (s, _, r) = b.lease((None, 0), (1, 50, 0), (Pace::default(), Some(&ask)), 0);
-        assert_eq!((r.granted, r.held, r.remaining), (50, 50, 0));
+        // The hold lasts 1 s. The rate is lowered to 1 a second and the next call comes at 5 s (the store was
+        // down across the reload). The time since the last write refills at the lower rate, the stretch up to
+        // the hold's end too: 5 tokens, not the 10 of the old rate to 1 s and 4 more (seed 13281 of the
+        // simulator: 1.09x the bound under `local`).
+        let (b, s) = drained_with_a_hold(1_000);
         let lowered = TokenBucket { rate: 1, ..b };
         let (_, r) = lowered.take(s, 1, 1_000, 5_000);
         assert_eq!(r.granted, 5);
