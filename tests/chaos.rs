@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::proxy::DelayProxy;
-use common::timeline::{Timeline, Worst};
 use common::RedisServer;
 use tokenlease::{FailMode, Lease, Limiter, Rule, Source};
+use tokenlease_timeline::{Timeline, Worst};
 
 /// The hot key's bucket: 1000 tokens (a burst of 5 s: what Redis refills during an outage is what an undue
 /// second burst would be), 200 per second, leased 5 to 50 at a time for 200 ms.
@@ -372,28 +372,4 @@ async fn out_of_memory_under_noeviction() {
     .await;
     assert!(sale.by_fail_mode > 0, "{sale:?}");
     assert_within("OOM under noeviction 2 s", &sale, 0);
-}
-
-/// The timeline the suite's window checks rely on finds the worst window at any start and length.
-#[test]
-fn the_timeline_finds_the_worst_window_at_any_start_and_length() {
-    use common::timeline::{Timeline, SLOT};
-    let t = Timeline::new(Duration::from_secs(10));
-    // 10 per bucket for 2 s, then a burst of 500 at 5 s.
-    for i in 0..200 {
-        t.record_at(SLOT * i, 10);
-    }
-    t.record_at(Duration::from_secs(5), 500);
-    assert_eq!(t.total(), 2500);
-    assert_eq!(t.max_in(Duration::from_millis(200)), 500);
-    assert_eq!(t.max_in(Duration::from_secs(1)), 1000);
-    // A limit of 1000 per second: 2 s at exactly the rate is within; the burst is 2.5x it in 0.2 s. Windows lie
-    // within the run, which ends with the burst's bucket (5.00-5.01 s): the only 0.2 s window holding it starts
-    // at 4.81 s.
-    let worst = t.worst(Duration::from_millis(200), |w| 1000.0 * w.as_secs_f64());
-    assert_eq!(
-        (worst.admitted, worst.window, worst.start),
-        (500, Duration::from_millis(200), Duration::from_millis(4810))
-    );
-    assert!((worst.ratio - 2.5).abs() < 1e-9, "{worst}");
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::proxy::DelayProxy;
-use common::timeline::Timeline;
 use tokenlease::{FailMode, Lease, Limiter, Rule, Source};
+use tokenlease_timeline::Timeline;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 

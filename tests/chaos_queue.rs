@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::timeline::{Timeline, Worst};
 use common::RedisServer;
 use tokenlease::{Error, FailMode, Limiter, Rule, Source};
+use tokenlease_timeline::{Timeline, Worst};
 
 /// The queue: 100 releases per second, callers wait at most 2 s (so 200 slots are booked ahead when it is full).
 const RATE_PER_S: u64 = 100;

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokenlease::{Algorithm, Clock, Decision, Error, FailMode, Limiter, MemoryStore, Rule, RuleHandle, TokioClock};
 
 use report::{Figures, Setup};
-use timeline::Timeline;
+use tokenlease_timeline::Timeline;
 
 /// Options of `simulate`.
 #[derive(Debug, clap::Args)]
@@ -241,7 +241,7 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
     }
 
     let start = tokio::time::Instant::now();
-    let timeline = Arc::new(Timeline::new(args.duration));
+    let timeline = Arc::new(timeline::for_sale(args.duration));
     let counts = Arc::new(Counts::default());
     let mut drivers = tokio::task::JoinSet::new();
     for (i, handle) in handles.into_iter().enumerate() {
@@ -270,7 +270,7 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
     for limiter in &limiters {
         limiter.shutdown().await;
     }
-    let admitted = timeline.admitted();
+    let admitted = timeline::admitted(&timeline, args.duration);
     Ok(Figures {
         decisions: counts.decisions.load(Ordering::Relaxed),
         errors: counts.errors.load(Ordering::Relaxed),
@@ -280,7 +280,7 @@ async fn simulate(args: &Args, rule: Rule, rtt: Duration, setup: &Setup) -> Resu
         leased_by_second: Fleet::per_second(&fleet_at, |f| f.leased),
         returned_by_second: Fleet::per_second(&fleet_at, |f| f.returned),
         admitted_by_second: timeline::per_second(&admitted),
-        worst: timeline::worst_window(&admitted, setup),
+        worst: timeline::worst_window(&admitted, (setup.capacity, setup.rate_per_s, setup.ttl)),
         leased: at_end.leased,
         returned: at_end.returned,
         pending: at_end.pending,
@@ -472,7 +472,7 @@ impl Driver {
 fn record(timeline: &Timeline, counts: &Counts, start: tokio::time::Instant, result: Result<Decision, Error>) {
     counts.decisions.fetch_add(1, Ordering::Relaxed);
     match result {
-        Ok(d) if d.allowed => timeline.admit(start.elapsed()),
+        Ok(d) if d.allowed => timeline.record_at(start.elapsed(), 1),
         Ok(_) => {}
         Err(_) => {
             counts.errors.fetch_add(1, Ordering::Relaxed);

@@ -1,13 +1,12 @@
 //! The integration tests' helpers: real servers (`server.rs`, which the crate's own store tests in
 //! `src/store/tests` share; `sentinel.rs`, a `redis-sentinel`; `tls.rs`, certificates for both), the delaying TCP
-//! proxy (`proxy.rs`), admissions over time checked in every window (`timeline.rs`), and [`limiter`], the one way these tests build a limiter.
+//! proxy (`proxy.rs`), admissions over time checked in every window (the `tokenlease-timeline` crate, `timeline/`), and [`limiter`], the one way these tests build a limiter.
 #![allow(dead_code)]
 
 pub mod proxy;
 pub mod redaction;
 pub mod sentinel;
 mod server;
-pub mod timeline;
 pub mod tls;
 
 pub use server::*;

@@ -19,44 +19,24 @@
 //!   leaves after what was sold before, where lower); another limit's `min(demand, rate)` (a window rule's less
 //!   one window's limit, which a tail may miss by its phase).
 
+use std::time::Duration;
+
+use tokenlease_timeline::{prefix, worst, Worst};
+
 use super::fleet::Outcome;
 use super::scenario::{in_force, Limit, Scenario};
 
 /// The shortest window checked, in ms.
 pub(super) const SHORTEST_MS: usize = 200;
 
+/// A millisecond: the slot of a seed's admissions.
+const MS: Duration = Duration::from_millis(1);
+
 /// A healthy tail shorter than this is not judged for liveness, in ms.
 const TAIL_MS: u64 = 3_000;
 
 /// How long after the last fault heals the fleet may take to find its pace again, in ms.
 const SETTLE_MS: u64 = 2_000;
-
-/// The window furthest over (or closest to) its bound.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(super) struct Worst {
-    /// Admitted over the bound: above 1 is over the limit.
-    pub(super) ratio: f64,
-    pub(super) from_ms: usize,
-    pub(super) length_ms: usize,
-    pub(super) admitted: u64,
-    pub(super) bound: f64,
-}
-
-impl Worst {
-    /// Keeps the window `[from, to)` ms that admitted `admitted` against `bound` if it is worse than this one.
-    fn keep_if_worse(&mut self, (from, to): (usize, usize), admitted: u64, bound: f64) {
-        let ratio = admitted as f64 / bound;
-        if ratio > self.ratio {
-            *self = Self {
-                ratio,
-                from_ms: from,
-                length_ms: to - from,
-                admitted,
-                bound,
-            };
-        }
-    }
-}
 
 /// What the checks found.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -71,14 +51,14 @@ pub(super) struct Verdict {
 
 /// Checks `outcome` of `scenario`; `worst` finds the worst window even when none is over.
 pub(super) fn check(scenario: &Scenario, outcome: &Outcome, worst: bool) -> Verdict {
-    let prefix = prefix_sums(&outcome.admitted_ms);
+    let prefix = prefix(&outcome.admitted_ms);
     let over = match &scenario.limit {
         Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => bucket_excess(&prefix, outcome) > 1e-9,
         _ => window_worst(scenario, &prefix, outcome).ratio > 1.0,
     };
     let worst = if over || worst {
         match &scenario.limit {
-            Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => bucket_worst(&prefix, outcome),
+            Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => bucket_worst(outcome),
             _ => window_worst(scenario, &prefix, outcome),
         }
     } else {
@@ -89,15 +69,6 @@ pub(super) fn check(scenario: &Scenario, outcome: &Outcome, worst: bool) -> Verd
         worst,
         sell: sell_through(scenario, outcome, &prefix),
     }
-}
-
-fn prefix_sums(admitted: &[u64]) -> Vec<u64> {
-    let mut prefix = Vec::with_capacity(admitted.len() + 1);
-    prefix.push(0);
-    for n in admitted {
-        prefix.push(prefix.last().copied().unwrap_or(0) + n);
-    }
-    prefix
 }
 
 /// A token bucket's bound over `[from, to)` ms: the largest capacity, the refill from `from − ttl` to `to` at
@@ -190,17 +161,14 @@ fn bucket_excess(prefix: &[u64], outcome: &Outcome) -> f64 {
 }
 
 /// The window of a token bucket with the largest admitted over bound, every window to the ms.
-fn bucket_worst(prefix: &[u64], outcome: &Outcome) -> Worst {
-    let len = prefix.len() - 1;
-    let bound = BucketBound::new(outcome, len);
+fn bucket_worst(outcome: &Outcome) -> Worst {
+    let bound = BucketBound::new(outcome, outcome.admitted_ms.len());
     let first = rate_at(outcome, 0);
-    let mut worst = Worst::default();
-    for from in 0..len {
-        for to in from + SHORTEST_MS..=len {
-            worst.keep_if_worse((from, to), prefix[to] - prefix[from], bound.bound(from, to, first));
-        }
-    }
-    worst
+    let ms = |d: Duration| usize::try_from(d.as_millis()).unwrap_or(usize::MAX);
+    let shortest = MS * u32::try_from(SHORTEST_MS).unwrap_or(u32::MAX);
+    worst(&outcome.admitted_ms, MS, shortest, |start, end| {
+        bound.bound(ms(start), ms(end), first)
+    })
 }
 
 /// A window rule's worst window against its limit.
@@ -214,7 +182,10 @@ fn window_worst(scenario: &Scenario, prefix: &[u64], outcome: &Outcome) -> Worst
             return;
         }
         worst.keep_if_worse(
-            (from, to),
+            (
+                MS * u32::try_from(from).unwrap_or(u32::MAX),
+                MS * u32::try_from(to - from).unwrap_or(u32::MAX),
+            ),
             prefix[to] - prefix[from],
             bound + added_before(outcome, to as u64),
         );
@@ -327,7 +298,7 @@ mod tests {
 
     /// Every window of at least 0.2 s, one by one.
     fn brute_over(admitted: &[u64], capacity: f64, rate_per_s: f64) -> bool {
-        let prefix = prefix_sums(admitted);
+        let prefix = prefix(admitted);
         (0..admitted.len()).any(|from| {
             (from + SHORTEST_MS..=admitted.len()).any(|to| {
                 (prefix[to] - prefix[from]) as f64 > capacity + rate_per_s * (to - from) as f64 / 1000.0 + 1e-9
@@ -348,7 +319,7 @@ mod tests {
                 })
                 .collect();
             let run = outcome(admitted.clone(), bucket(20, 100));
-            let fast = bucket_excess(&prefix_sums(&admitted), &run) > 1e-9;
+            let fast = bucket_excess(&prefix(&admitted), &run) > 1e-9;
             let brute = brute_over(&admitted, 20.0, 100.0);
             disagreements += u32::from(fast != brute);
             overs += u32::from(brute);
@@ -399,12 +370,12 @@ mod tests {
         admitted[500] = 40; // 0.2 s after capacity 20 at 100/s holds 40: exactly the bound
         admitted[1500] = 45;
         let mut run = outcome(admitted, bucket(20, 100));
-        assert!(bucket_excess(&prefix_sums(&run.admitted_ms), &run) > 0.0);
+        assert!(bucket_excess(&prefix(&run.admitted_ms), &run) > 0.0);
         run.unmaskable = vec![(1400, 5)];
-        assert!(bucket_excess(&prefix_sums(&run.admitted_ms), &run) <= 1e-9);
+        assert!(bucket_excess(&prefix(&run.admitted_ms), &run) <= 1e-9);
         run.unmaskable = vec![(1600, 5)];
         assert!(
-            bucket_excess(&prefix_sums(&run.admitted_ms), &run) > 0.0,
+            bucket_excess(&prefix(&run.admitted_ms), &run) > 0.0,
             "added after the burst"
         );
     }

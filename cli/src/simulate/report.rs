@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::timeline::Worst;
 use super::Kind;
+use tokenlease_timeline::Worst;
 
 /// The run's parameters.
 #[derive(Debug, Clone)]
@@ -220,10 +220,10 @@ pub(crate) fn json(setup: &Setup, f: &Figures) -> String {
         "leased_tokens": f.leased,
         "returned_tokens": f.returned,
         "worst_window_ratio": num(f.worst.ratio),
-        "worst_window_s": num(f.worst.length_s),
-        "worst_window_at_s": num(f.worst.at_s),
+        "worst_window_s": num(f.worst.window.as_secs_f64()),
+        "worst_window_at_s": num(f.worst.start.as_secs_f64()),
         "worst_window_admitted": f.worst.admitted,
-        "worst_window_bound": num(f.worst.bound),
+        "worst_window_bound": num(f.worst.limit),
         "calls_by_second": d.calls_by_second,
         "admitted_by_second": f.admitted_by_second,
         "leased_by_second": f.leased_by_second,
@@ -302,9 +302,9 @@ pub(crate) fn print(setup: &Setup, f: &Figures) {
         "  worst window         {:>10.3}   of its bound: {} admitted in {:.2} s from {:.2} s (bound {:.0}){}",
         f.worst.ratio,
         f.worst.admitted,
-        f.worst.length_s,
-        f.worst.at_s,
-        f.worst.bound,
+        f.worst.window.as_secs_f64(),
+        f.worst.start.as_secs_f64(),
+        f.worst.limit,
         if f.worst.ratio > 1.0 { "  OVER THE BOUND" } else { "" }
     );
     println!(

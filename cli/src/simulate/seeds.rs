@@ -126,10 +126,10 @@ pub(super) fn print(run: &Run, json: bool) {
             "fail_mode": run.scenario.mode.as_str(),
             "over": v.over,
             "worst_ratio": v.worst.ratio,
-            "worst_from_s": v.worst.from_ms as f64 / 1000.0,
-            "worst_length_s": v.worst.length_ms as f64 / 1000.0,
+            "worst_from_s": v.worst.start.as_secs_f64(),
+            "worst_length_s": v.worst.window.as_secs_f64(),
             "worst_admitted": v.worst.admitted,
-            "worst_bound": v.worst.bound,
+            "worst_bound": v.worst.limit,
             "sell_through": v.sell,
             "faults": run.scenario.faults.len(),
             "decisions": run.decisions,
@@ -144,9 +144,9 @@ pub(super) fn print(run: &Run, json: bool) {
         "  worst window: {:.3} of its bound ({} admitted, bound {:.1}) over {:.2} s from {:.2} s{}",
         v.worst.ratio,
         v.worst.admitted,
-        v.worst.bound,
-        v.worst.length_ms as f64 / 1000.0,
-        v.worst.from_ms as f64 / 1000.0,
+        v.worst.limit,
+        v.worst.window.as_secs_f64(),
+        v.worst.start.as_secs_f64(),
         if v.over { ": OVER THE BOUND" } else { "" }
     );
     match v.sell {
