@@ -6,14 +6,16 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod serve;
 
 use std::collections::BTreeSet;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use serve::Serve;
 
 /// What a sidecar answered.
 struct Answer {
@@ -59,39 +61,19 @@ fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> An
 
 /// A `tokenlease serve` process on a free loopback port, SIGKILLed on drop unless stopped.
 struct Sidecar {
-    child: Option<Child>,
+    serve: Serve,
     port: u16,
-    config: PathBuf,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl Sidecar {
     fn start(config: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("config.toml");
-        std::fs::write(&path, config).expect("write config");
-        let stderr = dir.path().join("stderr.log");
         let port = common::free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("spawn tokenlease serve");
-        let sidecar = Self {
-            child: Some(child),
-            port,
-            config: path,
-            stderr,
-            _dir: dir,
-        };
-        let up = common::wait_for(Duration::from_secs(20), || {
-            agent().get(sidecar.url("/healthz")).call().is_ok().then_some(())
+        let serve = Serve::spawn(config, &[], |c| {
+            c.args(["--listen", &format!("127.0.0.1:{port}")]);
         });
-        assert!(up.is_some(), "the sidecar did not answer: {}", sidecar.log());
-        sidecar
+        let url = format!("http://127.0.0.1:{port}/healthz");
+        let serve = serve.wait_up(|_| agent().get(&url).call().is_ok());
+        Self { serve, port }
     }
 
     fn url(&self, path: &str) -> String {
@@ -119,36 +101,16 @@ impl Sidecar {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.serve.log()
     }
 
     fn signal(&self, sig: &str) {
-        let pid = self.child.as_ref().expect("running").id().to_string();
-        let status = Command::new("kill").args([sig, &pid]).status().expect("kill");
-        assert!(status.success(), "kill {sig} {pid}");
+        self.serve.signal(sig);
     }
 
     /// SIGTERM, then waits for the process to exit by itself; returns whether it exited with success.
     fn terminate(&mut self) -> bool {
-        self.signal("-TERM");
-        let mut child = self.child.take().expect("running");
-        let exited = common::wait_for(Duration::from_secs(20), || child.try_wait().ok().flatten());
-        match exited {
-            Some(status) => status.success(),
-            None => {
-                let _ = child.kill();
-                panic!("the sidecar did not stop within 20 s of SIGTERM: {}", self.log());
-            }
-        }
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.serve.terminate()
     }
 }
 
@@ -440,7 +402,7 @@ fn sighup_reloads_the_config_and_a_bad_file_keeps_the_rules() {
     assert_eq!(sidecar.check("like", "u").status, 429);
 
     // Raised to 3: the same key's window goes on, with the new limit.
-    std::fs::write(&sidecar.config, one.replace("limit = 1", "limit = 3")).expect("write");
+    std::fs::write(sidecar.serve.config(), one.replace("limit = 1", "limit = 3")).expect("write");
     sidecar.signal("-HUP");
     let reloaded = common::wait_for(Duration::from_secs(10), || {
         sidecar.log().contains("reloaded").then_some(())
@@ -451,7 +413,7 @@ fn sighup_reloads_the_config_and_a_bad_file_keeps_the_rules() {
     assert_eq!(sidecar.check("like", "u").status, 429);
 
     // A file that does not parse changes nothing.
-    std::fs::write(&sidecar.config, "[[rule]]\nname = \"like\"\nlimit = \"many\"\n").expect("write");
+    std::fs::write(sidecar.serve.config(), "[[rule]]\nname = \"like\"\nlimit = \"many\"\n").expect("write");
     sidecar.signal("-HUP");
     // The whole line: stderr is unbuffered, so a line may reach the file in several writes.
     let kept = common::wait_for(Duration::from_secs(10), || {
@@ -466,7 +428,7 @@ fn sighup_reloads_the_config_and_a_bad_file_keeps_the_rules() {
     assert_eq!(sidecar.check("like", "v").status, 200);
 
     // A removed rule answers 404.
-    std::fs::write(&sidecar.config, one.replace("\"like\"", "\"post\"")).expect("write");
+    std::fs::write(sidecar.serve.config(), one.replace("\"like\"", "\"post\"")).expect("write");
     sidecar.signal("-HUP");
     let removed = common::wait_for(Duration::from_secs(10), || {
         (sidecar.check("like", "u").status == 404).then_some(())

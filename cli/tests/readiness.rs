@@ -6,14 +6,15 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod serve;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use serde_json::Value;
+use serve::Serve;
 
 const RULE: &str = "\n[[rule]]\nname = \"sku\"\nalgorithm = \"token_bucket\"\ncapacity = 100\nrate = 1\nper = \"1h\"\nlease = { min_batch = 5, max_batch = 10, ttl = \"60s\" }\n";
 
@@ -35,9 +36,8 @@ impl Answer {
 
 /// A `tokenlease serve` process on a free loopback port, killed on drop.
 struct Sidecar {
-    child: Child,
+    serve: Serve,
     port: u16,
-    dir: tempfile::TempDir,
 }
 
 fn write_config(dir: &Path, text: &str) -> PathBuf {
@@ -48,40 +48,16 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
 
 impl Sidecar {
     fn start(config: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = write_config(dir.path(), config);
         let port = common::free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file"))
-            .spawn()
-            .expect("spawn tokenlease serve");
-        let sidecar = Self { child, port, dir };
-        let up = common::wait_for(Duration::from_secs(20), || {
-            (sidecar.get("/livez").status == 200).then_some(())
+        let serve = Serve::spawn(config, &[], |c| {
+            c.args(["--listen", &format!("127.0.0.1:{port}")]);
         });
-        assert!(up.is_some(), "the sidecar did not answer: {}", sidecar.log());
-        sidecar
+        let serve = serve.wait_up(|_| get(port, "/livez").status == 200);
+        Self { serve, port }
     }
 
     fn get(&self, path: &str) -> Answer {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(10)))
-            .build()
-            .into();
-        match agent.get(format!("http://127.0.0.1:{}{path}", self.port)).call() {
-            Ok(mut response) => Answer {
-                status: response.status().as_u16(),
-                body: response.body_mut().read_to_string().unwrap_or_default(),
-            },
-            Err(e) => Answer {
-                status: 0,
-                body: e.to_string(),
-            },
-        }
+        get(self.port, path)
     }
 
     /// The value of an unlabelled gauge in `/metrics`.
@@ -93,9 +69,7 @@ impl Sidecar {
     }
 
     fn log(&self) -> String {
-        let mut text = String::new();
-        let _ = std::fs::File::open(self.dir.path().join("stderr.log")).map(|mut f| f.read_to_string(&mut text));
-        text
+        self.serve.log()
     }
 
     /// Polls `path` until it answers `status`, for at most `limit`; returns the answer and when it came.
@@ -111,10 +85,22 @@ impl Sidecar {
     }
 }
 
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// `GET path` of the sidecar on `port` (status 0 and the error when it does not answer).
+fn get(port: u16, path: &str) -> Answer {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    match agent.get(format!("http://127.0.0.1:{port}{path}")).call() {
+        Ok(mut response) => Answer {
+            status: response.status().as_u16(),
+            body: response.body_mut().read_to_string().unwrap_or_default(),
+        },
+        Err(e) => Answer {
+            status: 0,
+            body: e.to_string(),
+        },
     }
 }
 

@@ -5,15 +5,17 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod serve;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use serve::Serve;
 
 /// The venv's python with grpcio and Envoy's stubs, installed once per test binary (tests run in parallel).
 fn python() -> PathBuf {
@@ -42,59 +44,29 @@ fn python() -> PathBuf {
 }
 
 /// A `tokenlease serve --grpc-listen` process on free loopback ports, SIGKILLed on drop.
-struct Serve {
-    child: Child,
+struct Rls {
+    serve: Serve,
     http: u16,
     grpc: u16,
-    config: PathBuf,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
-impl Serve {
+impl Rls {
     fn start(config: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("config.toml");
-        std::fs::write(&path, config).expect("write config");
-        let stderr = dir.path().join("stderr.log");
         let (http, grpc) = (common::free_port(), common::free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{http}")])
-            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}"), "--config"])
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("spawn tokenlease serve");
-        let serve = Self {
-            child,
-            http,
-            grpc,
-            config: path,
-            stderr,
-            _dir: dir,
-        };
-        let up = common::wait_for(Duration::from_secs(20), || {
-            (serve.healthz() && TcpStream::connect(("127.0.0.1", serve.grpc)).is_ok()).then_some(())
+        let serve = Serve::spawn(config, &[], |c| {
+            c.args(["--listen", &format!("127.0.0.1:{http}")]);
+            c.args(["--grpc-listen", &format!("127.0.0.1:{grpc}")]);
         });
-        assert!(up.is_some(), "the sidecar did not answer: {}", serve.log());
-        serve
-    }
-
-    fn healthz(&self) -> bool {
-        self.get("/livez")
-            .is_some_and(|answer| answer.starts_with("HTTP/1.1 200"))
+        let serve = serve.wait_up(|_| {
+            get(http, "/livez").is_some_and(|answer| answer.starts_with("HTTP/1.1 200"))
+                && TcpStream::connect(("127.0.0.1", grpc)).is_ok()
+        });
+        Self { serve, http, grpc }
     }
 
     /// The whole answer (status line, headers, body) to `GET path` on the HTTP port.
     fn get(&self, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        Some(answer)
+        get(self.http, path)
     }
 
     /// Sends `requests` (see cli/tests/rls_client.py) one after the other with the Python client; its answers.
@@ -138,12 +110,9 @@ impl Serve {
 
     /// Writes `config` over the file and reloads it (SIGHUP); waits until the sidecar says it reloaded.
     fn reload(&self, config: &str) {
-        std::fs::write(&self.config, config).expect("write config");
+        std::fs::write(self.serve.config(), config).expect("write config");
         let reloads = self.log().matches("tokenlease serve: reloaded").count();
-        let hup = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status();
-        assert!(hup.is_ok_and(|s| s.success()), "kill -HUP");
+        self.serve.signal("-HUP");
         let done = common::wait_for(Duration::from_secs(20), || {
             (self.log().matches("tokenlease serve: reloaded").count() > reloads).then_some(())
         });
@@ -151,15 +120,19 @@ impl Serve {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.serve.log()
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The whole answer (status line, headers, body) to `GET path` on `port`.
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
 }
 
 /// A request of one descriptor with these entries.
@@ -205,7 +178,7 @@ fn code(answer: &Value, i: usize) -> &str {
 }
 
 /// The descriptor-level assertions both stores must pass.
-fn answers_envoy(serve: &Serve) {
+fn answers_envoy(serve: &Rls) {
     // Capacity 3: exactly 3 OK (remaining 2, 1, 0), then OVER_LIMIT, each with the rule's limit in its unit.
     let answers = serve.ask(&json!([
         checkout("10.0.0.1"),
@@ -329,7 +302,7 @@ fn answers_envoy(serve: &Serve) {
 }
 
 /// The token bucket `api` of capacity 10 admits exactly 10 calls of a key, then refuses.
-fn admits_exactly_the_capacity(serve: &Serve, key: &str) {
+fn admits_exactly_the_capacity(serve: &Rls, key: &str) {
     let calls: Vec<Value> = (0..12).map(|_| one("shop", &[("api_key", key)], 0)).collect();
     let answers = serve.ask(&json!(calls));
     let codes: Vec<&str> = answers.iter().map(|a| code(a, 0)).collect();
@@ -350,7 +323,7 @@ fn admits_exactly_the_capacity(serve: &Serve, key: &str) {
 
 #[test]
 fn rls_answers_envoy_on_the_in_process_store() {
-    let serve = Serve::start(&rules(""));
+    let serve = Rls::start(&rules(""));
     answers_envoy(&serve);
     admits_exactly_the_capacity(&serve, "k2");
     // In process, `remaining` is the bucket's: exact.
@@ -399,7 +372,7 @@ fn rls_answers_envoy_on_redis_from_leased_tokens() {
         redis.url(),
         rules(lease)
     );
-    let serve = Serve::start(&config);
+    let serve = Rls::start(&config);
     answers_envoy(&serve);
     let before = redis.script_calls();
     admits_exactly_the_capacity(&serve, "k2");

@@ -5,26 +5,25 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod serve;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
+
+use serve::Serve;
 
 /// Longest a test waits for an answer it expects; a guard against hanging, never a measure of speed.
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A `tokenlease serve` process on a free loopback port, SIGKILLed on drop.
-struct Serve {
-    child: Child,
+struct Sidecar {
+    serve: Serve,
     port: u16,
-    config: PathBuf,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
-impl Serve {
+impl Sidecar {
     /// Starts the sidecar on `config`, its command line behind `wrapper` (e.g. `prlimit --nofile=256`), with
     /// `env` set, and waits for it to answer `/healthz`.
     fn start(config: &str, wrapper: &[&str], env: &[(&str, &str)]) -> Self {
@@ -32,44 +31,20 @@ impl Serve {
         Self::start_on(config, (wrapper, env), (port, Some(port)))
     }
 
-    /// As [`Serve::start`], waiting for it on `port`, with `--listen` on `flag` (none: the config's address).
+    /// As [`Sidecar::start`], waiting for it on `port`, with `--listen` on `flag` (none: the config's address).
     fn start_on(config: &str, (wrapper, env): (&[&str], &[(&str, &str)]), (port, flag): (u16, Option<u16>)) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("config.toml");
-        std::fs::write(&path, config).expect("write config");
-        let stderr = dir.path().join("stderr.log");
-        let (program, before) = match wrapper.split_first() {
-            Some((program, args)) => (*program, args.to_vec()),
-            None => (env!("CARGO_BIN_EXE_tokenlease"), Vec::new()),
-        };
-        let mut command = Command::new(program);
-        if !wrapper.is_empty() {
-            command.args(before).arg(env!("CARGO_BIN_EXE_tokenlease"));
-        }
-        command.arg("serve");
-        if let Some(flag) = flag {
-            command.args(["--listen", &format!("127.0.0.1:{flag}")]);
-        }
-        let child = command
-            .arg("--config")
-            .arg(&path)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("spawn tokenlease serve");
-        let serve = Self {
-            child,
-            port,
-            config: path,
-            stderr,
-            _dir: dir,
-        };
-        let up = common::wait_for(Duration::from_secs(20), || {
-            serve.try_get("/healthz").filter(|(status, _)| *status == 200)
+        let serve = Serve::spawn(config, wrapper, |c| {
+            if let Some(flag) = flag {
+                c.args(["--listen", &format!("127.0.0.1:{flag}")]);
+            }
+            c.envs(env.iter().copied());
         });
-        assert!(up.is_some(), "the sidecar did not answer: {}", serve.log());
-        serve
+        let sidecar = Self { serve, port };
+        let up = common::wait_for(Duration::from_secs(20), || {
+            sidecar.try_get("/healthz").filter(|(status, _)| *status == 200)
+        });
+        assert!(up.is_some(), "the sidecar did not answer: {}", sidecar.log());
+        sidecar
     }
 
     fn connect(&self) -> TcpStream {
@@ -103,14 +78,7 @@ impl Serve {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.serve.log()
     }
 }
 
@@ -135,7 +103,7 @@ const LIKE: &str = "[[rule]]\nname = \"like\"\nalgorithm = \"fixed_window\"\nlim
 #[test]
 fn idle_connections_beyond_the_open_file_limit_do_not_keep_the_sidecar_from_answering() {
     let config = format!("[serve]\nidle_timeout = \"1s\"\nheader_read_timeout = \"1s\"\n\n{LIKE}");
-    let serve = Serve::start(&config, &["prlimit", "--nofile=256:256", "--"], &[]);
+    let serve = Sidecar::start(&config, &["prlimit", "--nofile=256:256", "--"], &[]);
     // The bound on connections follows the open-file limit, less what Redis and the config file need.
     assert!(serve.log().contains("at most 192 connections"), "{}", serve.log());
 
@@ -162,7 +130,7 @@ fn idle_connections_beyond_the_open_file_limit_do_not_keep_the_sidecar_from_answ
 fn a_client_sending_its_headers_slowly_is_cut_after_the_header_timeout() {
     // idle_timeout ≤ header_read_timeout; the first bytes come at once, so only the header timeout applies.
     let config = format!("[serve]\nidle_timeout = \"1s\"\nheader_read_timeout = \"2s\"\n\n{LIKE}");
-    let serve = Serve::start(&config, &[], &[]);
+    let serve = Sidecar::start(&config, &[], &[]);
     let mut slow = serve.connect();
     slow.write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ").expect("write");
     // One byte every 100 ms, for at most a minute (the guard): the server must close the connection first.
@@ -177,7 +145,7 @@ fn a_client_sending_its_headers_slowly_is_cut_after_the_header_timeout() {
 
 #[test]
 fn an_oversized_body_announced_with_expect_100_continue_is_refused_before_it_is_sent() {
-    let serve = Serve::start(LIKE, &[], &[]);
+    let serve = Sidecar::start(LIKE, &[], &[]);
     // The limit the README states: 16 KiB plus [process] max_key_bytes (512 by default).
     let limit = 16 * 1024 + 512;
     let head = |length: usize| {
@@ -217,7 +185,7 @@ fn an_oversized_body_announced_with_expect_100_continue_is_refused_before_it_is_
 const PACE_MS: u64 = 3_600_000;
 
 /// The `retry_after_ms` a `check` (never waits) of the paced rule gets: when its next free slot comes.
-fn next_slot_ms(serve: &Serve) -> u64 {
+fn next_slot_ms(serve: &Sidecar) -> u64 {
     let (status, json) = serve.post("/v1/check", r#"{"rule": "nightly", "key": "db"}"#);
     assert_eq!(status, 429, "{json}");
     json["retry_after_ms"].as_u64().expect("retry_after_ms")
@@ -227,7 +195,7 @@ fn next_slot_ms(serve: &Serve) -> u64 {
 fn a_client_that_hangs_up_while_queued_gives_its_slot_back() {
     let config =
         "[[rule]]\nname = \"nightly\"\nalgorithm = \"leaky_bucket\"\nrate = 1\nper = \"1h\"\nmax_wait = \"1d\"\n";
-    let serve = Serve::start(config, &[], &[]);
+    let serve = Sidecar::start(config, &[], &[]);
     let acquire = post_request("/v1/acquire", r#"{"rule": "nightly", "key": "db"}"#, "");
     let (status, json) = serve.post("/v1/acquire", r#"{"rule": "nightly", "key": "db"}"#);
     assert_eq!((status, json["waited_ms"].as_u64()), (200, Some(0)));
@@ -250,18 +218,16 @@ fn a_client_that_hangs_up_while_queued_gives_its_slot_back() {
 #[test]
 fn a_request_is_answered_while_a_sighup_reload_reads_and_parses() {
     // One worker thread: a reload that parsed on it would hold every request until it ended.
-    let serve = Serve::start(LIKE, &[], &[("TOKIO_WORKER_THREADS", "1")]);
+    let serve = Sidecar::start(LIKE, &[], &[("TOKIO_WORKER_THREADS", "1")]);
     // The config file becomes a FIFO: the reload reads it until the test has written the whole file, so the
     // requests below are answered while the reload is under way, whatever the machine's speed.
-    std::fs::remove_file(&serve.config).expect("remove config");
-    let fifo = Command::new("mkfifo").arg(&serve.config).status().expect("mkfifo");
-    assert!(fifo.success());
-    let pid = serve.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-HUP", &pid])
+    std::fs::remove_file(serve.serve.config()).expect("remove config");
+    let fifo = Command::new("mkfifo")
+        .arg(serve.serve.config())
         .status()
-        .expect("kill")
-        .success());
+        .expect("mkfifo");
+    assert!(fifo.success());
+    serve.serve.signal("-HUP");
     let reading = common::wait_for(PATIENCE, || serve.log().contains("reloading").then_some(()));
     assert!(reading.is_some(), "no reload started: {}", serve.log());
 
@@ -278,7 +244,7 @@ fn a_request_is_answered_while_a_sighup_reload_reads_and_parses() {
             "[[rule]]\nname = \"r{i}\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\n"
         ));
     }
-    std::fs::write(&serve.config, text).expect("write the FIFO");
+    std::fs::write(serve.serve.config(), text).expect("write the FIFO");
     let reloaded = common::wait_for(PATIENCE, || serve.log().contains("reloaded").then_some(()));
     assert!(reloaded.is_some(), "the reload did not end: {}", serve.log());
     let (status, json) = serve.post("/v1/check", r#"{"rule": "r9999", "key": "k"}"#);
@@ -288,7 +254,7 @@ fn a_request_is_answered_while_a_sighup_reload_reads_and_parses() {
 #[test]
 fn a_cost_of_zero_peeks_and_reset_forgets_the_key() {
     let config = "[[rule]]\nname = \"post\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"60s\"\n";
-    let serve = Serve::start(config, &[], &[]);
+    let serve = Sidecar::start(config, &[], &[]);
     let check = |cost: u64| {
         serve.post(
             "/v1/check",
@@ -320,7 +286,7 @@ fn a_cost_of_zero_peeks_and_reset_forgets_the_key() {
 fn serve_listens_where_the_config_says_unless_the_flag_says_otherwise() {
     let (configured, flagged) = (common::free_port(), common::free_port());
     let config = format!("[serve]\nlisten = \"127.0.0.1:{configured}\"\n{LIKE}");
-    let serve = Serve::start_on(&config, (&[], &[]), (configured, None));
+    let serve = Sidecar::start_on(&config, (&[], &[]), (configured, None));
     assert!(
         serve
             .log()
@@ -329,7 +295,7 @@ fn serve_listens_where_the_config_says_unless_the_flag_says_otherwise() {
         serve.log()
     );
     drop(serve);
-    let serve = Serve::start_on(&config, (&[], &[]), (flagged, Some(flagged)));
+    let serve = Sidecar::start_on(&config, (&[], &[]), (flagged, Some(flagged)));
     assert!(
         serve
             .log()
@@ -347,7 +313,7 @@ fn serve_listens_where_the_config_says_unless_the_flag_says_otherwise() {
 /// check that fails is answered in its place; a batch over the bound, or not a batch, is refused 400.
 #[test]
 fn a_batch_decides_each_check_in_its_order() {
-    let serve = Serve::start(LIKE, &[], &[]);
+    let serve = Sidecar::start(LIKE, &[], &[]);
     let checks: Vec<serde_json::Value> = (0..1_001)
         .map(|i| serde_json::json!({ "rule": "like", "key": format!("user:{i}") }))
         .collect();
@@ -392,7 +358,7 @@ fn a_batch_decides_each_check_in_its_order() {
 fn http_and_grpc_share_one_connection_bound() {
     let (http, grpc) = (common::free_port(), common::free_port());
     let config = format!("[serve]\ngrpc_listen = \"127.0.0.1:{grpc}\"\nmax_connections = 2\n{LIKE}");
-    let serve = Serve::start_on(&config, (&[], &[]), (http, Some(http)));
+    let serve = Sidecar::start_on(&config, (&[], &[]), (http, Some(http)));
     let _first = TcpStream::connect(("127.0.0.1", http)).expect("an HTTP connection");
     // HTTP/2's connection preface and an empty SETTINGS frame; an accepted connection answers with its own SETTINGS.
     let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";

@@ -5,50 +5,30 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod serve;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::RedisServer;
+use serve::Serve;
 
 const RULE: &str = "[[rule]]\nname = \"a\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrate = 1\nper = \"1s\"\n";
 
 /// `tokenlease serve` on `redis` (the `[redis]` keys), its stderr in a file, killed on drop.
-struct Serve {
-    child: Child,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
-}
+struct Sidecar(Serve);
 
-impl Serve {
+impl Sidecar {
     fn start(redis: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let config = dir.path().join("config.toml");
-        std::fs::write(&config, format!("[redis]\n{redis}{RULE}")).expect("write config");
-        let stderr = dir.path().join("stderr.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{}", common::free_port()),
-                "--config",
-            ])
-            .arg(&config)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("spawn tokenlease serve");
-        Self {
-            child,
-            stderr,
-            _dir: dir,
-        }
+        let port = common::free_port();
+        Self(Serve::spawn(&format!("[redis]\n{redis}{RULE}"), &[], |c| {
+            c.args(["--listen", &format!("127.0.0.1:{port}")])
+                .env_remove("RUST_LOG");
+        }))
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.0.log()
     }
 
     /// The first WARN line holding every one of `words`, waited for (real time: the sidecar connects on its own)
@@ -69,18 +49,11 @@ impl Serve {
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_wrong_password_is_named() {
     let server = RedisServer::start();
     server.cmd(&["CONFIG", "SET", "requirepass", "secret"]);
-    let serve = Serve::start(&format!("url = \"redis://:wrong@127.0.0.1:{}\"\n", server.port));
+    let serve = Sidecar::start(&format!("url = \"redis://:wrong@127.0.0.1:{}\"\n", server.port));
     let line = serve.warned(&["cannot be used", "authentication failed", "password"]);
     assert!(!line.contains("wrong@"), "the password is never shown: {line}");
 }
@@ -88,7 +61,7 @@ fn a_wrong_password_is_named() {
 #[test]
 fn a_plain_redis_behind_rediss_is_named() {
     let server = RedisServer::start();
-    let serve = Serve::start(&format!("url = \"rediss://127.0.0.1:{}\"\n", server.port));
+    let serve = Sidecar::start(&format!("url = \"rediss://127.0.0.1:{}\"\n", server.port));
     serve.warned(&["cannot be used", "over TLS", "plain Redis behind a `rediss://` URL"]);
 }
 
@@ -108,7 +81,7 @@ fn a_ca_used_as_its_own_leaf_is_named_with_what_to_do() {
     };
     // redis-cli accepts it: the server answers PING over TLS.
     let server = RedisServer::start_tls(Some(tls), &[]);
-    let serve = Serve::start(&format!(
+    let serve = Sidecar::start(&format!(
         "url = \"rediss://127.0.0.1:{}\"\ntls_ca_file = {:?}\n",
         server.port,
         path(&cert)
@@ -120,7 +93,7 @@ fn a_ca_used_as_its_own_leaf_is_named_with_what_to_do() {
 fn nothing_listening_is_named_and_the_store_coming_back_is_told() {
     let mut server = RedisServer::start();
     server.stop();
-    let serve = Serve::start(&format!("url = \"redis://127.0.0.1:{}\"\n", server.port));
+    let serve = Sidecar::start(&format!("url = \"redis://127.0.0.1:{}\"\n", server.port));
     serve.warned(&["cannot be used", "connection refused"]);
     server.restart();
     serve.warned(&["answers again"]);
