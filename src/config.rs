@@ -1,5 +1,5 @@
 //! `config.toml`: parsed with serde + toml, durations with humantime, unknown fields refused, every invalid value
-//! reported with its file, line and field (docs/ARCHITECTURE.md, "Configuration").
+//! reported with its file, line and field (the README, "Configuration").
 
 mod serve;
 

@@ -1,4 +1,4 @@
-//! Metric names (docs/ARCHITECTURE.md, "Metrics") and the handles the limiter records into.
+//! Metric names (the README, "Metrics, dashboards, alerts") and the handles the limiter records into.
 //!
 //! The library only records, through the `metrics` facade; the binary installs the Prometheus exporter.
 //! With no recorder installed a metric costs one atomic load. Handles are registered when a rule is built:
