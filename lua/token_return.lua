@@ -4,14 +4,15 @@
 -- KEYS[2]  optional: the call's mark, `<bucket>:return:<id>` with an id unique to this call. A call whose mark
 --          exists was applied already (its reply was lost, say, to a connection dropped after the script ran and
 --          retried) and is not applied again: the reply gives what it added then, and the bucket as it is now. A
---          give-back applied sets its mark to the tokens it added for 10 s (its retries).
+--          give-back applied sets its mark to the tokens it added for mark_ms (its retries).
 -- ARGV[1]  capacity   tokens, integer ≥ 1
 -- ARGV[2]  rate       tokens per `per_ms`, integer ≥ 0
 -- ARGV[3]  per_ms     integer ≥ 1
 -- ARGV[4]  tokens     tokens given back, integer ≥ 0
 -- ARGV[5]  now_ms     optional; when absent the Redis server's TIME is used
 -- With the mark:
--- ARGV[5]  reserved   integer ≥ 0, ignored (until 2026-11-28 a debit's hold, when a negative count charged the
+-- ARGV[5]  mark_ms    integer ≥ 0: how long the mark is kept, longer than the call and its retries may take; 0:
+--                     10 s (until 2026-11-28 this argument was a debit's hold, when a negative count charged the
 --                     bucket with what fail_mode "local" sold alone; nothing is sold on credit any more)
 -- ARGV[6]  since      the stamp of the oldest lease the tokens given back came from (token_lease.lua's fifth
 --                     integer), -1 when none (a caller that keeps no stamps)
@@ -34,13 +35,14 @@ local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local per = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local reserved, since = 0, -1
+local mark_ms, since = 0, -1
 local now_arg = 5
-if KEYS[2] then reserved, since, now_arg = tonumber(ARGV[5]), tonumber(ARGV[6] or '-1'), 7 end
-if not (capacity and rate and per and n and reserved and since) or capacity < 1 or rate < 0 or per < 1 or n < 0
-    or reserved < 0 then
-  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [reserved, since])')
+if KEYS[2] then mark_ms, since, now_arg = tonumber(ARGV[5]), tonumber(ARGV[6] or '-1'), 7 end
+if not (capacity and rate and per and n and mark_ms and since) or capacity < 1 or rate < 0 or per < 1 or n < 0
+    or mark_ms < 0 then
+  return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [mark_ms, since])')
 end
+if mark_ms == 0 then mark_ms = 10000 end
 local now = now_of(now_arg)
 local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
 
@@ -51,7 +53,7 @@ local full = capacity * per
 local added = mark and tonumber(redis.call('GET', mark))
 if level == nil then
   -- Nothing to add to a full bucket; the mark still says so, or a retry after a take would add.
-  if mark and not added then redis.call('SET', mark, '0', 'PX', 10000) end
+  if mark and not added then redis.call('SET', mark, '0', 'PX', int(mark_ms)) end
   return { added or 0, capacity, 0, 0 }
 end
 local function reply(accepted)
@@ -90,5 +92,5 @@ local filled = nil
 if since >= 0 then filled = since end
 if noted then note_room(KEYS[1], room, false, now, filled, n) end
 -- A give-back's mark need only outlive the retries of one call (a connection dropped after the script ran).
-if mark then redis.call('SET', mark, int(accepted), 'PX', 10000) end
+if mark then redis.call('SET', mark, int(accepted), 'PX', int(mark_ms)) end
 return reply(accepted)

@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::timings::Timings;
+
 /// This machine's wall clock in ms since the Unix epoch (0 before it): the instant a process adopts a rule's
 /// parameters at ([`Clock::wall_ms`]), and the client's guess of the window that `fixed_window.lua` then picks
 /// by the Redis server's `TIME`.
@@ -180,12 +182,9 @@ mod tests {
     }
 }
 
-/// How often a ticking [`Recent`] reads its clock.
-const TICK: Duration = Duration::from_millis(1);
-
-/// How far ahead of its last reading a ticking [`Recent`] answers: two ticks, so that its answer is no earlier
-/// than the true time while the ticker thread is late by less than a tick.
-const AHEAD_NS: u64 = 2 * 1_000_000;
+/// How far ahead of its last reading a ticking [`Recent`] answers ([`Timings::AHEAD`]): two ticks, so that its
+/// answer is no earlier than the true time while the ticker thread is late by less than a tick.
+const AHEAD_NS: u64 = Timings::AHEAD.as_nanos() as u64;
 
 /// The lease engine's hot-path clock: the monotonic clock read every millisecond by a ticker thread, so that a
 /// decision costs one atomic load instead of a clock read (the idea of `quanta::Instant::recent`; quanta's
@@ -214,24 +213,20 @@ enum Check {
         origin_ns: u64,
         tick_ns: u64,
     },
-    /// The clock itself: no coarse clock ticks within [`CALIBRATION`], or a stalled reading in tests, whose clock
-    /// the kernel does not keep.
+    /// The clock itself: no coarse clock ticks within [`Timings::CALIBRATION`], or a stalled reading in tests, whose
+    /// clock the kernel does not keep.
     Clock,
 }
-
-/// The longest [`Check::calibrated`] waits for the coarse clock's ticks (the coarsest Linux kernel ticks every
-/// 10 ms).
-const CALIBRATION: Duration = Duration::from_millis(50);
 
 impl Check {
     /// The coarse clock, mapped to `clock`'s scale at one of its ticks and with its tick measured between two:
     /// about two ticks of waiting (8 ms at the usual 250 Hz). [`Check::Clock`] when it does not tick twice
-    /// within [`CALIBRATION`].
+    /// within [`Timings::CALIBRATION`].
     fn calibrated(clock: &dyn Clock) -> Self {
         let started = Instant::now();
         let mut ticks = Vec::with_capacity(2);
         let mut last = coarsetime::Instant::now_without_cache_update();
-        while ticks.len() < 2 && started.elapsed() < CALIBRATION {
+        while ticks.len() < 2 && started.elapsed() < Timings::CALIBRATION {
             std::thread::sleep(Duration::from_micros(100));
             let now = coarsetime::Instant::now_without_cache_update();
             if now != last {
@@ -281,7 +276,7 @@ impl Recent {
             .spawn(move || {
                 while !theirs.stop.load(Ordering::Relaxed) {
                     theirs.ns.store(their_clock.now_ns(), Ordering::Relaxed);
-                    std::thread::sleep(TICK);
+                    std::thread::sleep(Timings::TICK);
                 }
             });
         match spawned {
@@ -362,6 +357,11 @@ pub(crate) const NEVER_NS: u64 = u64::MAX;
 /// Nanoseconds of a duration, saturating: [`Duration::MAX`], "never", is [`NEVER_NS`].
 pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(NEVER_NS)
+}
+
+/// `d` in whole milliseconds, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The duration of `ns` nanoseconds: [`NEVER_NS`] is [`Duration::MAX`], "never".

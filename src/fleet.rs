@@ -2,10 +2,11 @@
 //! (invariant 17 of docs/ARCHITECTURE.md; the roster is [`crate::algorithm::fleet`], `lua/fleet.lua`). A hot
 //! key's fair share of the burst divides by that count.
 //!
-//! A rule joins when this process first leases for it: that lease waits for the rule's first beat, so a process
-//! that just started knows the fleet's count before it leases. From then on the limiter beats for the rule every
-//! [`BEAT`] (every [`BEAT_SOON`] while its beats fail), from a task of its own (`limiter/lifecycle.rs`). Until a
-//! rule's first beat is answered, its fair share divides by the configured `expected_processes`.
+//! A rule joins when this process first leases for it: that lease waits for the rule's first beat, so a process that
+//! just started knows the fleet's count before it leases. From then on the limiter beats for the rule every
+//! [`Timings::BEAT`] (every [`Timings::BEAT_SOON`] while its beats fail), from a task of its own
+//! (`limiter/lifecycle.rs`). Until a rule's first beat is answered, its fair share divides by the configured
+//! `expected_processes`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,32 +16,20 @@ use dashmap::DashMap;
 use tokio::sync::OnceCell;
 
 use crate::algorithm::fleet::{Beat, Count};
-use crate::clock::Clock;
+use crate::clock::{millis, Clock};
 use crate::decision::Source;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::call::{roster_key, Call};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
-
-/// How often a member beats for each of its rules.
-pub(crate) const BEAT: Duration = Duration::from_secs(1);
-
-/// How often it beats while its beats fail: it learns soon that the store is back.
-pub(crate) const BEAT_SOON: Duration = Duration::from_millis(100);
-
-/// A member heard within this is live: three beats.
-const LIVE: Duration = Duration::from_secs(3);
-
-/// A member unheard this long is forgotten (it exited).
-const KEEP: Duration = Duration::from_secs(60);
+use crate::timings::Timings;
 
 /// What this process knows of one rule's fleet.
 #[derive(Debug)]
 pub(crate) struct Seen {
     rule: String,
-    /// The rule's count: the live processes of the first answered beat, then of each answer that is not lower,
-    /// and of a lower answer only once answers have shown it for [`LIVE`] ([`Seen::count`]); 0 before the first
-    /// answer.
+    /// The rule's count: the live processes of the first answered beat, then of each answer that is not lower, and of a
+    /// lower answer only once answers have shown it for [`Timings::LIVE`] ([`Seen::count`]); 0 before the first answer.
     processes: AtomicU64,
     /// When answers began to count fewer processes than [`Seen::processes`] (ms of the limiter's clock); 0 while
     /// they do not.
@@ -50,7 +39,7 @@ pub(crate) struct Seen {
     /// The first beat, which the rule's first lease waits for.
     joined: OnceCell<()>,
     /// The last beat's failure (kind and message), `None` once a beat is answered: [`Fleet::join`] answers it
-    /// while none was, and the beats come every [`BEAT_SOON`] while it is set.
+    /// while none was, and the beats come every [`Timings::BEAT_SOON`] while it is set.
     failed: Mutex<Option<(StoreErrorKind, String)>>,
     gauge: metrics::Gauge,
 }
@@ -61,16 +50,15 @@ impl Seen {
         self.answered_at_ms.load(Ordering::Acquire) > 0
     }
 
-    /// Takes `answered`, the live count of a beat answered at `now_ms`, into the rule's count, and returns the
-    /// count. More processes (or the first answer) count at once; fewer only once the answers have counted fewer
-    /// for [`LIVE`]. After an outage the first process back finds the others unheard for longer than [`LIVE`]
-    /// (their beats failed too) and is answered a count of one: taken at once, its first lease could take the
-    /// whole burst. The others beat within a beat or two and the count is back before the lower one would be
-    /// taken. A member that really left is counted [`LIVE`] longer: the others' shares are smaller meanwhile,
-    /// never larger. The lower answers must
-    /// follow each other: after a gap of more than two beats without an answer (an outage, a stall) they start
-    /// over, so a lower answer before an outage and one after it are not taken as [`LIVE`] of fewer processes.
-    /// Called before `answered_at_ms` records this answer.
+    /// Takes `answered`, the live count of a beat answered at `now_ms`, into the rule's count, and returns the count.
+    /// More processes (or the first answer) count at once; fewer only once the answers have counted fewer for
+    /// [`Timings::LIVE`]. After an outage the first process back finds the others unheard for longer than
+    /// [`Timings::LIVE`] (their beats failed too) and is answered a count of one: taken at once, its first lease could
+    /// take the whole burst. The others beat within a beat or two and the count is back before the lower one would be
+    /// taken. A member that really left is counted [`Timings::LIVE`] longer: the others' shares are smaller meanwhile,
+    /// never larger. The lower answers must follow each other: after a gap of more than two beats without an answer (an
+    /// outage, a stall) they start over, so a lower answer before an outage and one after it are not taken as
+    /// [`Timings::LIVE`] of fewer processes. Called before `answered_at_ms` records this answer.
     fn count(&self, answered: u64, now_ms: u64) -> u64 {
         let current = self.processes.load(Ordering::Acquire);
         if current == 0 || answered >= current {
@@ -79,7 +67,7 @@ impl Seen {
             return answered;
         }
         let previous = self.answered_at_ms.load(Ordering::Acquire);
-        let gap = now_ms.saturating_sub(previous) > millis(BEAT).saturating_mul(2);
+        let gap = now_ms.saturating_sub(previous) > millis(Timings::BEAT).saturating_mul(2);
         let since = match self.fewer_since_ms.load(Ordering::Acquire) {
             since if since != 0 && !gap => since,
             _ => {
@@ -87,7 +75,7 @@ impl Seen {
                 now_ms
             }
         };
-        if now_ms.saturating_sub(since) < millis(LIVE) {
+        if now_ms.saturating_sub(since) < millis(Timings::LIVE) {
             return current;
         }
         self.fewer_since_ms.store(0, Ordering::Release);
@@ -110,12 +98,8 @@ pub(crate) struct Fleet {
     /// Beats sent (each a store call).
     beats: AtomicU64,
     /// Set by [`Fleet::leave`] once no beat is in flight: a beat after it would put this process back on the
-    /// rosters it left (counted for [`LIVE`] more). Beats hold it for reading while they run.
+    /// rosters it left (counted for [`Timings::LIVE`] more). Beats hold it for reading while they run.
     left: tokio::sync::RwLock<bool>,
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Fleet {
@@ -148,8 +132,8 @@ impl Fleet {
         self.clock.now_ns() / 1_000_000
     }
 
-    /// The live processes of `rule`'s fleet (the divisor of its shares): the roster's count as the beats answered
-    /// it (a lower one once shown for [`LIVE`], [`Seen::count`]), or the assumed count before one was answered.
+    /// The live processes of `rule`'s fleet (the divisor of its shares): the roster's count as the beats answered it (a
+    /// lower one once shown for [`Timings::LIVE`], [`Seen::count`]), or the assumed count before one was answered.
     pub(crate) fn processes(&self, rule: &str) -> u64 {
         match self.rules.get(rule).map(|s| s.processes.load(Ordering::Acquire)) {
             Some(n) if n > 0 => n,
@@ -158,7 +142,7 @@ impl Fleet {
     }
 
     /// Joins `rule`'s fleet: the first call waits for the rule's first beat (one store call, once; a failed one is
-    /// not retried here, the beats go on in the background, every [`BEAT_SOON`] until one is answered).
+    /// not retried here, the beats go on in the background, every [`Timings::BEAT_SOON`] until one is answered).
     ///
     /// # Errors
     /// While no beat of the rule was answered, the last beat's failure (kind and message, script `fleet`): the
@@ -215,8 +199,8 @@ impl Fleet {
     fn beat_of(&self, leave: bool) -> Beat {
         Beat {
             member: self.member.clone(),
-            live_ms: millis(LIVE),
-            keep_ms: millis(KEEP),
+            live_ms: millis(Timings::LIVE),
+            keep_ms: millis(Timings::KEEP),
             leave,
         }
     }
@@ -239,7 +223,7 @@ impl Fleet {
             ));
         }
         let call = Call::beat(roster_key(&self.key_prefix, &seen.rule), self.beat_of(false))
-            .with_timeout(self.store.timeouts.beat);
+            .with_timeout(self.store.timings.beat);
         self.beats.fetch_add(1, Ordering::Relaxed);
         let sent_ms = wall_ms();
         let reply = match self.store.run_past_breaker(&call).await {

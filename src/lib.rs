@@ -23,6 +23,7 @@ mod refusals;
 mod rule;
 mod store;
 pub mod telemetry;
+mod timings;
 
 pub use algorithm::TokenBucket;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};

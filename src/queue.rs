@@ -69,7 +69,7 @@ impl Drop for Reserved<'_> {
         }
         let Some(back) = self.call.undo() else { return };
         // A token bucket's tokens go back once, however often the call is sent.
-        let back = back.once(self.queue.members.next());
+        let back = back.once(self.queue.members.next(), self.queue.store.timings.mark);
         let store = self.queue.store.clone();
         let (line, slot) = (self.line.clone(), self.slot);
         let (refusals, rule, key) = (self.queue.refusals.clone(), self.key.0, self.key.1.to_owned());

@@ -20,10 +20,7 @@ use quick_cache::{Equivalent, UnitWeighter};
 
 use crate::clock::{duration, nanos, NEVER_NS};
 use crate::decision::{Decision, Source};
-
-/// How long a refusal that the store said is for ever (a stock with rate 0) is remembered: tokens given back
-/// to the stock can still sell, so the key is asked again after this.
-const NEVER_REMEMBERED: Duration = Duration::from_secs(1);
+use crate::timings::Timings;
 
 /// What a remembered refusal answers, in ns on the engine's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +123,7 @@ impl Refusals {
             return;
         }
         let wait = if refused.retry_after == Duration::MAX {
-            NEVER_REMEMBERED
+            Timings::NEVER_REMEMBERED
         } else {
             refused.retry_after
         };
@@ -228,8 +225,10 @@ mod tests {
         let answer = refusals
             .answer(1, "stock", 1, 0)
             .map(|d| (d.retry_after, d.reset_after));
-        assert_eq!(answer, Some((NEVER_REMEMBERED, Duration::MAX)));
-        assert!(refusals.answer(1, "stock", 1, nanos(NEVER_REMEMBERED)).is_none());
+        assert_eq!(answer, Some((Timings::NEVER_REMEMBERED, Duration::MAX)));
+        assert!(refusals
+            .answer(1, "stock", 1, nanos(Timings::NEVER_REMEMBERED))
+            .is_none());
     }
 
     #[test]

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use super::Fleet;
 use crate::clock::{Clock, FakeClock};
-use crate::store::guarded::{Guarded, Timeouts};
+use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
+use crate::timings::Timings;
 
 /// Four members beating one rule's roster in a shared in-process store, on one fake clock.
 fn fleet_of_four(clock: &FakeClock) -> Vec<Fleet> {
@@ -14,7 +15,7 @@ fn fleet_of_four(clock: &FakeClock) -> Vec<Fleet> {
     let store = Arc::new(Guarded::new(
         shared,
         clock.clone(),
-        Timeouts::from_call(Duration::from_millis(50)),
+        Timings::from_call(Duration::from_millis(50)),
     ));
     (0..4)
         .map(|i| Fleet::new((format!("m{i}"), "tl".to_owned()), 4, store.clone(), clock.clone()))

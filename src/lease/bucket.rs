@@ -5,10 +5,10 @@
 //! slower (the book of leases and their deadlines, the adaptive batch size, the turn a saturated shared bucket
 //! handed out) sits behind a mutex that only the lease, expiry and sweep paths take.
 //!
-//! Invariant 1 (docs/ARCHITECTURE.md, "Invariants") rests on the deadlines: a token is spent at most `ttl` after the lease that
-//! brought it was *sent*, so over any span W the process admits at most what Redis granted over W + ttl.
-//! Spending is first-in first-out, so what is left always belongs to the newest leases: when a lease's
-//! deadline passes, only the tokens beyond what the younger leases brought are expired and given back.
+//! Invariant 1 (docs/ARCHITECTURE.md, "Invariants") rests on the deadlines: a token is spent at most `ttl` after the
+//! lease that brought it was *sent*, so over any span W the process admits at most what Redis granted over W + ttl.
+//! Spending is first-in first-out, so what is left always belongs to the newest leases: when a lease's deadline passes,
+//! only the tokens beyond what the younger leases brought are expired and given back.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -26,9 +26,7 @@ use crate::algorithm::{Reply, TokenBucket};
 use crate::clock::{nanos, NEVER_NS};
 use crate::error::FailReason;
 use crate::rule::Lease;
-
-/// How long a "never" from the shared bucket is cached locally before asking again.
-pub(crate) const NEVER_RECHECK: Duration = Duration::from_secs(1);
+use crate::timings::Timings;
 
 /// One key's leased tokens in this process.
 #[derive(Debug)]
@@ -63,7 +61,8 @@ pub(crate) struct LocalBucket {
     starved: AtomicBool,
     /// One lease in flight per key per process.
     in_flight: AtomicBool,
-    /// Made hot on a shared bucket the fleet spends, no lease sent yet: the first may wait ([`Self::first_lease_wait`]).
+    /// Made hot on a shared bucket the fleet spends, no lease sent yet: the first may wait
+    /// ([`Self::first_lease_wait`]).
     measuring: AtomicBool,
     /// Drained for good (evicted, its rule reloaded, the limiter shut down): no lease starts and a grant that
     /// arrives is not added (the caller gives it back).
@@ -375,7 +374,7 @@ impl LocalBucket {
             };
         }
         drop(book);
-        self.refused(retry_after, NEVER_RECHECK, reset_after, now_ns);
+        self.refused(retry_after, Timings::NEVER_RECHECK, reset_after, now_ns);
     }
 
     /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.

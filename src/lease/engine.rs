@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::bucket::{LocalBucket, Take, Unspent};
 use super::heat::FEWEST_TELLING;
-use super::reserve::{locked, Asked, Reserve, HOLD_MARGIN};
+use super::reserve::{locked, Asked, Reserve};
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -23,9 +23,7 @@ use crate::rule::{Algorithm, FailMode, Lease};
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
-
-/// The retry_after of a caller refused because the lease it waited for is slow.
-const SLOW_LEASE_RETRY: Duration = Duration::from_millis(1);
+use crate::timings::Timings;
 
 /// What leasing needs: the store, the fail modes, the clock, and the counters of leased and returned tokens.
 #[derive(Debug)]
@@ -93,13 +91,10 @@ impl Answer {
 
 /// A caller refused briefly, locally: the lease it waited for is slow, or its bucket went away under it.
 fn refused_briefly(local: &LocalBucket, now: u64) -> Decision {
-    let mut refused = Decision::bare(false, SLOW_LEASE_RETRY, Source::Local);
+    let mut refused = Decision::bare(false, Timings::SLOW_LEASE_RETRY, Source::Local);
     refused.reset_after = Duration::from_nanos(local.reset_after_ns(now));
     refused
 }
-
-/// The lease TTLs over which a hot key's demand is measured before it is found cooled.
-const COOLING_TTLS: u64 = 5;
 
 /// The length of `local`'s reserve in ns: `None` where it keeps none (a rule not under `fail_mode = "local"`, a
 /// stock, a reserve of zero).
@@ -254,8 +249,8 @@ impl Engine {
         cost: u64,
     ) -> Option<(Decision, bool)> {
         let clock = &self.clock;
-        let timeouts = self.store.timeouts;
-        let give_up_at = clock.now_ns().saturating_add(nanos(timeouts.lease_wait));
+        let timings = self.store.timings;
+        let give_up_at = clock.now_ns().saturating_add(nanos(timings.lease_wait));
         let mut local = self.local_bucket(compiled, bucket, lease, key)?;
         loop {
             if local.is_retired() {
@@ -358,7 +353,7 @@ impl Engine {
         let mut call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
             .paced(plan.pace)
             .adopted(compiled.adopted_ms)
-            .with_timeout(self.store.timeouts.lease);
+            .with_timeout(self.store.timings.lease);
         if let Some(asked) = &hold {
             call = call.holding(asked.ask.clone());
         }
@@ -395,7 +390,7 @@ impl Engine {
             Err(error) => {
                 m.lease_error.increment(1);
                 tracing::debug!(rule = %compiled.rule.name, %error, "lease failed");
-                local.failed(FailReason::of(&error), self.store.timeouts.backoff, now);
+                local.failed(FailReason::of(&error), self.store.timings.backoff, now);
             }
         }
     }
@@ -425,7 +420,7 @@ impl Engine {
             return None;
         }
         let seq = self.hold_seq.fetch_add(1, Ordering::Relaxed);
-        let hold_ns = reserve.saturating_add(nanos(HOLD_MARGIN));
+        let hold_ns = reserve.saturating_add(nanos(Timings::HOLD_MARGIN));
         Some(held.ask((self.members.name(), seq), want, hold_ns, sent_ns))
     }
 
@@ -468,7 +463,7 @@ impl Engine {
         let Unspent { tokens: n, since } = unspent;
         // Once: a Cluster client retries a call whose connection dropped after the script ran.
         let call = Call::give_back(&local.store_key, local.bucket, n)
-            .once(self.members.next())
+            .once(self.members.next(), self.store.timings.mark)
             .since(since)
             .adopted(compiled.adopted_ms);
         match self.store.run(&call).await {
@@ -526,12 +521,12 @@ impl Engine {
                 outstanding += local.available() + local.scheduled() + locked(&local.reserve).tokens(now);
                 // Cooled: decided fewer than a sixteenth of the smallest batch per TTL, or fewer than once (a key
                 // turns hot from about an eighth, and 1.5 times per TTL, see `hot_at`: the gap keeps a key near
-                // the threshold from going back and forth), measured over COOLING_TTLS TTLs: over one, a key
+                // the threshold from going back and forth), measured over `Timings::COOLING_TTLS` TTLs: over one, a key
                 // decided a few times per TTL reads 0 or 2 by chance, and would go cold and hot again, a cold
                 // call and a lease each time. Under once per TTL a lease serves one decision at most and gives
                 // the rest back: a call per decision, as cold, and one more.
                 let ttl_ns = nanos(local.lease.ttl);
-                if let Some(per_s) = local.heat(ttl_ns.saturating_mul(COOLING_TTLS), now) {
+                if let Some(per_s) = local.heat(nanos(Timings::cooling(local.lease.ttl)), now) {
                     // Decisions per TTL × 16 < max(min_batch, 16), in decisions × ns (a whole count per TTL
                     // would read 0.9 as 0).
                     let per_ttl_ns = u128::from(per_s) * u128::from(ttl_ns);

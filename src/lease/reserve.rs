@@ -5,13 +5,8 @@
 //! that set it, never later than the store does).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use crate::algorithm::HoldAsk;
-
-/// How long after a reserve's length its hold lasts in the store: a key keeps its reserve between leases at
-/// least this long (a dead process's hold is counted this much longer than it could sell it).
-pub(crate) const HOLD_MARGIN: Duration = Duration::from_secs(2);
 
 /// A key's reserve, locked (a poisoned lock is still consistent: each step leaves it whole).
 pub(crate) fn locked(reserve: &Mutex<Reserve>) -> MutexGuard<'_, Reserve> {

@@ -20,9 +20,10 @@ use crate::queue::Queue;
 use crate::refusals::Refusals;
 use crate::rule::{self, FailMode, Rule};
 use crate::store::call::Members;
-use crate::store::guarded::{Guarded, Timeouts};
+use crate::store::guarded::Guarded;
 use crate::store::{eviction, MemoryStore, RedisStore, Store};
 use crate::telemetry;
+use crate::timings::Timings;
 
 /// Builds a [`Limiter`] in code.
 #[derive(Debug, Default)]
@@ -146,7 +147,7 @@ impl LimiterBuilder {
         let rules = compile_all(self.rules, self.fail_mode, crate::compiled::adopted_now(clock.as_ref()))?;
 
         let background = Arc::new(Background::default());
-        let store = Arc::new(Guarded::new(store, clock.clone(), Timeouts::from_call(timeout)));
+        let store = Arc::new(Guarded::new(store, clock.clone(), Timings::from_call(timeout)));
         let members = Arc::new(self.member.map_or_else(Members::new, Members::named));
         let fleet = Fleet::new(
             (members.name().to_owned(), key_prefix.clone()),
@@ -154,7 +155,7 @@ impl LimiterBuilder {
             store.clone(),
             clock.clone(),
         );
-        let fallback = Fallback::new(store.timeouts.backoff, background.clone(), Arc::new(fleet));
+        let fallback = Fallback::new(store.timings.backoff, background.clone(), Arc::new(fleet));
         let fallback = Arc::new(fallback);
         let refusals = Arc::new(Refusals::new(self.process.max_refused_keys));
         let queue = Queue {

@@ -5,19 +5,16 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{Inner, Limiter};
-use crate::fleet::{BEAT, BEAT_SOON};
 use crate::lease::engine::Engine;
+use crate::timings::Timings;
 
 /// How many rules beat at once ([`beats`]).
 const BEAT_LANES: usize = 32;
 
-/// How often the sweeper runs: a quarter of the shortest lease TTL, 5 ms to 1 s.
+/// How often the sweeper runs: a quarter of the shortest lease TTL, 5 ms to 1 s ([`Timings::sweep_every`]).
 fn sweep_interval(inner: &Inner) -> Duration {
     let rules = inner.rules.load();
-    let shortest = rules.values().filter_map(|c| c.rule.lease()).map(|l| l.ttl / 4).min();
-    shortest
-        .unwrap_or(Duration::from_secs(1))
-        .clamp(Duration::from_millis(5), Duration::from_secs(1))
+    Timings::sweep_every(rules.values().filter_map(|c| c.rule.lease()).map(|l| l.ttl).min())
 }
 
 /// Gives expired leases back and evicts idle keys, every quarter of the shortest lease TTL (5 ms to 1 s), until
@@ -80,7 +77,7 @@ pub(super) async fn beats(inner: Weak<Inner>) {
                 },
             }
         }
-        let wait = if soon { BEAT_SOON } else { BEAT };
+        let wait = if soon { Timings::BEAT_SOON } else { Timings::BEAT };
         tokio::select! {
             biased;
             _ = background.cancelled() => return,
@@ -109,6 +106,6 @@ impl Limiter {
         while returns.join_next().await.is_some() {}
         // The others count this process out at once.
         let fallback = &engine.fallback;
-        fallback.fleet.leave(engine.store.timeouts.beat).await;
+        fallback.fleet.leave(engine.store.timings.beat).await;
     }
 }

@@ -15,10 +15,8 @@ pub(crate) use members::Members;
 
 mod arg;
 mod fleet;
-mod mark;
 mod members;
 mod token_bucket;
-pub(crate) use mark::GIVE_BACK_MARK_MS;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,14 +42,15 @@ pub(crate) enum Op {
         hold: Option<HoldAsk>,
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity). With an
-    /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept 10 s): a give-back
-    /// retried after a connection dropped once the script ran does not add the tokens twice. `since`: the stamp
-    /// of the oldest lease the tokens came from ([`crate::algorithm::Reply::stamp`]), which caps what they add
-    /// at the room the bucket had since (sent with an `id` only).
+    /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept `mark_ms`): a
+    /// give-back retried after a connection dropped once the script ran does not add the tokens twice. `since`:
+    /// the stamp of the oldest lease the tokens came from ([`crate::algorithm::Reply::stamp`]), which caps what
+    /// they add at the room the bucket had since (sent with an `id` only).
     TokenReturn {
         bucket: TokenBucket,
         tokens: u64,
         id: Option<String>,
+        mark_ms: u64,
         since: Option<u64>,
     },
     /// `token_acquire.lua`: take `cost` now, into debt, when the wait for the debt fits in `max_wait_ms`.
@@ -410,12 +409,13 @@ impl Call {
                 bucket: b,
                 tokens,
                 id,
+                mark_ms,
                 since,
             } => {
                 let mut v = bucket(b).to_vec();
                 v.push(int(*tokens));
                 if id.is_some() {
-                    v.push(Arg::Int(0)); // the fifth argument, reserved (it was a debit's hold, ms)
+                    v.push(int(*mark_ms));
                     v.push(since.map_or(Arg::Int(-1), int));
                 }
                 v

@@ -27,9 +27,8 @@ use tokio::sync::{watch, Notify};
 use super::eviction::EvictionWatch;
 use super::target::Target;
 use crate::error::StoreErrorKind;
+use crate::timings::Timings;
 
-/// The shortest wait between two connections made again (a `READONLY` storm remakes it at most this often).
-const REMAKE_INTERVAL: Duration = Duration::from_millis(100);
 /// The back-off between failed attempts to connect or to find the master: from the first to the last.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
 
@@ -188,7 +187,7 @@ impl Task {
             }
             tokio::select! {
                 () = self.publish.closed() => return,
-                () = tokio::time::sleep(REMAKE_INTERVAL) => {}
+                () = tokio::time::sleep(Timings::REMAKE_INTERVAL) => {}
             }
         }
     }

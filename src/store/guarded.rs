@@ -4,7 +4,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use super::breaker::{Admit, Breaker};
 use super::script::Script;
@@ -14,46 +13,7 @@ use crate::clock::Clock;
 use crate::decision::Source;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry;
-
-/// Transient store failures in a row that open the circuit breaker (it then stays open for 500 ms or the
-/// timeout, whichever is longer, and lets one probe through).
-const BREAKER_FAILURES: u32 = 5;
-
-/// How long callers and leases wait for the store, all derived from the configured call timeout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Timeouts {
-    /// A direct check's call (the configured `[redis] timeout`, enforced by the store).
-    pub call: Duration,
-    /// How long a caller waits for its key's lease in flight: two call timeouts and 5 ms.
-    pub lease_wait: Duration,
-    /// The timeout of a lease call itself: ten call timeouts, at least 100 ms. Longer than callers
-    /// wait, since a lease that timed out after Redis granted it would strand its tokens.
-    pub lease: Duration,
-    /// The timeout of a beat of the fleet's roster: two lease timeouts. A beat is harmless when late, so it may
-    /// wait for a slow link (a round trip of up to a second at a 50 ms call timeout) where a lease would time
-    /// out: a process that slow is still counted.
-    pub beat: Duration,
-    /// After a failed store call, a key is decided by `fail_mode` this long before the store is asked again.
-    pub backoff: Duration,
-}
-
-impl Timeouts {
-    /// How long the circuit breaker stays open before it lets a probe through: 500 ms, or the call timeout.
-    pub(crate) fn breaker_open(&self) -> Duration {
-        Duration::from_millis(500).max(self.call)
-    }
-
-    /// The timeouts that follow from a store call timeout.
-    pub(crate) fn from_call(call: Duration) -> Self {
-        Self {
-            call,
-            lease_wait: call.saturating_mul(2).saturating_add(Duration::from_millis(5)),
-            lease: call.saturating_mul(10).max(Duration::from_millis(100)),
-            beat: call.saturating_mul(20).max(Duration::from_millis(200)),
-            backoff: Duration::from_millis(100).max(call),
-        }
-    }
-}
+use crate::timings::Timings;
 
 /// A store behind a circuit breaker, with a count of its calls and the outcome of the last.
 #[derive(Debug)]
@@ -68,23 +28,23 @@ pub(crate) struct Guarded {
     answered: AtomicBool,
     /// The error of the last call that failed while the store was unavailable.
     last_error: Mutex<Option<String>>,
-    pub(crate) timeouts: Timeouts,
+    pub(crate) timings: Timings,
 }
 
 impl Guarded {
     /// Guards `store`; the breaker reads `clock`.
-    pub(crate) fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, timings: Timings) -> Self {
         // Registered now, so a scrape shows it before the first call: no call has failed yet.
         telemetry::store_ready(true);
         Self {
             store,
-            breaker: Breaker::new(BREAKER_FAILURES, timeouts.breaker_open()),
+            breaker: Breaker::new(Timings::BREAKER_FAILURES, timings.breaker_open),
             clock,
             calls: AtomicU64::new(0),
             by_script: std::array::from_fn(|_| AtomicU64::new(0)),
             answered: AtomicBool::new(true),
             last_error: Mutex::new(None),
-            timeouts,
+            timings,
         }
     }
 

@@ -12,10 +12,11 @@ use super::{bad_args, check_sub_buckets, check_window, BoxFuture, Store};
 use crate::algorithm::fleet::Roster;
 use crate::algorithm::window::{Log, SubBuckets};
 use crate::algorithm::{Ban, FixedWindow, Frame, Reply, SlidingLog, SlidingWindow, Tat, TokenBucketState, WindowCount};
-use crate::clock::{Clock, MonotonicClock};
+use crate::clock::{millis, Clock, MonotonicClock};
 use crate::decision::Source;
 use crate::error::StoreError;
 use crate::rule::Calendar;
+use crate::timings::Timings;
 use hash::{Fields, Marks};
 
 mod bucket;
@@ -62,9 +63,6 @@ struct Entry {
 /// Every key's state at one instant ([`MemoryStore::snapshot`]).
 #[derive(Debug)]
 pub(crate) struct Snapshot(Vec<(String, Entry)>);
-
-/// How often idle keys are purged, in ms of the calls' clock.
-const PURGE_EVERY_MS: u64 = 1_000;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -373,10 +371,10 @@ impl MemoryStore {
         })
     }
 
-    /// Drops the keys whose state equals a missing key again, at most once per [`PURGE_EVERY_MS`].
+    /// Drops the keys whose state equals a missing key again, at most once per [`Timings::PURGE_EVERY`].
     fn purge(&self, now: u64) {
         let last = self.purged_at_ms.load(Ordering::Relaxed);
-        if now < last.saturating_add(PURGE_EVERY_MS) {
+        if now < last.saturating_add(millis(Timings::PURGE_EVERY)) {
             return;
         }
         if self

@@ -24,6 +24,7 @@ use crate::decision::Source;
 use crate::error::Error;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::ScriptMetrics;
+use crate::timings::Timings;
 
 /// Every script, hashed once (`EVALSHA` by hash, `EVAL` and reload on `NOSCRIPT`).
 static SCRIPTS: LazyLock<[redis::Script; Script::ALL.len()]> =
@@ -115,11 +116,6 @@ fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
         .map_err(|_| connect_error("a Redis store must be created inside a tokio runtime".into(), None))
 }
 
-/// How long one attempt to connect (or to find the master) may take: ten call timeouts, at least 1 s.
-fn attempt(timeout: Duration) -> Duration {
-    timeout.saturating_mul(10).max(Duration::from_secs(1))
-}
-
 impl RedisStore {
     /// A store for `url` whose every call gives up after `timeout`. It connects lazily, on the first call, and
     /// reconnects by itself after a failure, so it can be built while Redis is down; a server that refuses
@@ -182,15 +178,21 @@ impl RedisStore {
         let config = ConnectionManagerConfig::new()
             // Connecting sends a few commands (the handshake) and waits for their replies: over a slow link that
             // is several round trips, so an attempt may take as long as a connection task gives it.
-            .set_connection_timeout(Some(attempt(timeout)))
+            .set_connection_timeout(Some(Timings::from_call(timeout).connect))
             // The connection's own limit only backs up the per-call timeouts below; it must not cut a lease or a
             // beat short (a lease timed out after Redis granted it strands its tokens; a beat, the longest at
             // twenty call timeouts, waits for a slow link), so it is the longest.
-            .set_response_timeout(Some(timeout.saturating_mul(20).max(Duration::from_millis(200))))
+            .set_response_timeout(Some(Timings::from_call(timeout).beat))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let eviction = Arc::new(EvictionWatch::default());
-        let single = Single::spawn(runtime, target, config, attempt(timeout), eviction.clone());
+        let single = Single::spawn(
+            runtime,
+            target,
+            config,
+            Timings::from_call(timeout).connect,
+            eviction.clone(),
+        );
         Self::with_conn(Conn::Single(single), timeout, eviction)
     }
 
@@ -213,9 +215,9 @@ impl RedisStore {
             builder = builder.certs(certs.clone());
         }
         let client = builder
-            .connection_timeout(attempt(timeout))
+            .connection_timeout(Timings::from_call(timeout).connect)
             // As for one server: the longest a lease may wait; calls have their own, shorter, timeouts.
-            .response_timeout(timeout.saturating_mul(20).max(Duration::from_millis(200)))
+            .response_timeout(Timings::from_call(timeout).beat)
             .retries(3)
             .max_retry_wait(100)
             .tcp_settings(tcp_settings())
@@ -227,7 +229,13 @@ impl RedisStore {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| connect_error(e.to_string(), Some(e)))?;
         let eviction = Arc::new(EvictionWatch::default());
-        let conn = connect::spawn_cluster(&runtime, client, infos, attempt(timeout), eviction.clone());
+        let conn = connect::spawn_cluster(
+            &runtime,
+            client,
+            infos,
+            Timings::from_call(timeout).connect,
+            eviction.clone(),
+        );
         Ok(Self::with_conn(Conn::Cluster(conn), timeout, eviction))
     }
 
@@ -275,7 +283,13 @@ impl RedisStore {
     pub fn from_cluster_client(client: ClusterClient, timeout: Duration) -> Result<Self, StoreError> {
         let runtime = runtime()?;
         let eviction = Arc::new(EvictionWatch::default());
-        let conn = connect::spawn_cluster(&runtime, client, Vec::new(), attempt(timeout), eviction.clone());
+        let conn = connect::spawn_cluster(
+            &runtime,
+            client,
+            Vec::new(),
+            Timings::from_call(timeout).connect,
+            eviction.clone(),
+        );
         Ok(Self::with_conn(Conn::Cluster(conn), timeout, eviction))
     }
 

@@ -38,15 +38,16 @@ fn keys_and_argv_follow_the_script_headers() {
     let release = Call::release("tl:{q:j}", queue, 1, "m-2");
     assert_eq!(release.args()[3], Arg::Str("m-2"));
     assert_eq!(Call::give_back("tl:{r:k}", b, 3).args()[3], Arg::Int(3));
-    let once = Call::give_back("tl:{r:k}", b, 3).once("p.1-8");
+    let mark = std::time::Duration::from_secs(12);
+    let once = Call::give_back("tl:{r:k}", b, 3).once("p.1-8", mark);
     assert_eq!(once.keys(), ["tl:{r:k}", "tl:{r:k}:return:p.1-8"]);
     assert_eq!(
         once.args(),
-        [10, 1, 1_000, 3, 0, -1].map(Arg::Int),
-        "the reserved fifth argument 0; no lease's stamp"
+        [10, 1, 1_000, 3, 12_000, -1].map(Arg::Int),
+        "the mark kept 12 s; no lease's stamp"
     );
     let since = Call::give_back("tl:{r:k}", b, 3)
-        .once("p.1-8")
+        .once("p.1-8", mark)
         .since(1_700_000_000_000_007);
     assert_eq!(since.args()[5], Arg::Int(1_700_000_000_000_007));
     assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");

@@ -1,6 +1,8 @@
 //! The token bucket's calls: takes, leases, give-backs and pay-later acquires (`token_bucket.lua`,
 //! `token_lease.lua`, `token_return.lua`, `token_acquire.lua`).
 
+use std::time::Duration;
+
 use super::{Call, Op};
 use crate::algorithm::{HoldAsk, Pace, TokenBucket};
 
@@ -76,6 +78,7 @@ impl Call {
                 bucket,
                 tokens,
                 id: None,
+                mark_ms: 0,
                 since: None,
             },
         )
@@ -93,12 +96,14 @@ impl Call {
     }
 
     /// This give-back (of [`Call::give_back`]) applied once however often it is sent with the same `id` (unique
-    /// to the call; it must not hold `}`): sent again after a connection dropped once the script ran (a Cluster
+    /// to the call; it must not hold `}`) within `mark` (longer than the call and its retries may take,
+    /// [`crate::timings::Timings::mark`]): sent again after a connection dropped once the script ran (a Cluster
     /// client retries such a call), it does not add the tokens twice. Other calls are returned unchanged.
     #[must_use]
-    pub(crate) fn once(mut self, id: impl Into<String>) -> Self {
-        if let Op::TokenReturn { id: mark, .. } = &mut self.op {
-            *mark = Some(id.into());
+    pub(crate) fn once(mut self, id: impl Into<String>, mark: Duration) -> Self {
+        if let Op::TokenReturn { id: at, mark_ms, .. } = &mut self.op {
+            *at = Some(id.into());
+            *mark_ms = crate::clock::millis(mark).max(1);
         }
         self
     }

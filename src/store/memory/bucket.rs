@@ -7,7 +7,8 @@ use super::{MemoryStore, State};
 use crate::algorithm::{Ban, Reply, TokenBucket, TokenBucketState};
 use crate::error::StoreError;
 use crate::store::bad_args;
-use crate::store::call::{Call, Op, GIVE_BACK_MARK_MS};
+use crate::store::call::{Call, Op};
+use crate::timings::Timings;
 
 impl MemoryStore {
     /// Runs `call`, a token-bucket call whose arguments were checked, at `now` (ms).
@@ -49,11 +50,12 @@ impl MemoryStore {
                 bucket,
                 tokens,
                 id: Some(id),
+                mark_ms,
                 since,
             } => self.update_bucket_with(*bucket, at, |bucket, old, _, marks, _| {
                 // A give-back to a full bucket adds nothing and still leaves its mark, so that a retry after a
                 // take adds nothing either (token_return.lua).
-                once((&bucket, old, now), marks, (id, *tokens), *since)
+                once((&bucket, old, now), marks, (id, *tokens, *mark_ms), *since)
             }),
             Op::TokenReturn { bucket, tokens, .. } => {
                 self.update_bucket(*bucket, at, |bucket, old, _| bucket.give_back(old, *tokens, None, now))
@@ -124,13 +126,13 @@ impl MemoryStore {
     }
 }
 
-/// A give-back of `n` tokens applied once under the mark `id` (`token_return.lua` with its mark), at `now` to
-/// `old`: a mark that exists means applied already, and the reply gives what it added then with the bucket as it
-/// is now, nothing written.
+/// A give-back of `n` tokens applied once under the mark `id` kept `mark_ms` (`token_return.lua` with its mark),
+/// at `now` to `old`: a mark that exists means applied already, and the reply gives what it added then with the
+/// bucket as it is now, nothing written.
 fn once(
     (bucket, old, now): (&TokenBucket, Option<TokenBucketState>, u64),
     marks: &mut Marks,
-    (id, n): (&str, u64),
+    (id, n, mark_ms): (&str, u64, u64),
     since: Option<u64>,
 ) -> (Option<TokenBucketState>, Reply) {
     let apply = |old, n| bucket.give_back(old, n, since, now);
@@ -141,6 +143,11 @@ fn once(
         return (old, reply);
     }
     let (new, reply) = apply(old, n);
-    marks.push((id.to_owned(), reply.granted, now.saturating_add(GIVE_BACK_MARK_MS)));
+    let mark_ms = if mark_ms == 0 {
+        crate::clock::millis(Timings::GIVE_BACK_MARK)
+    } else {
+        mark_ms
+    };
+    marks.push((id.to_owned(), reply.granted, now.saturating_add(mark_ms)));
     (new, reply)
 }

@@ -112,7 +112,7 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
             6 => {
                 let since = stamps.get(usize::try_from(next(4)).expect("idx")).copied().unwrap_or(1);
                 Call::give_back(&key, bucket(params), next(2 * cap))
-                    .once(format!("m.{i}"))
+                    .once(format!("m.{i}"), std::time::Duration::from_secs(10))
                     .since(since)
                     .at(now)
             }

@@ -8,6 +8,7 @@ mod faults;
 mod fleet;
 mod harness;
 mod latency;
+mod marks;
 mod mirror;
 mod peek;
 mod queue;

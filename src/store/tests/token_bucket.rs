@@ -3,6 +3,7 @@
 
 use super::common::RedisServer;
 use super::harness::{r, step, EveryStore, Step};
+use super::marks::give_once;
 use crate::algorithm::hold::{Hold, Holds};
 use crate::algorithm::paced::Pending;
 use crate::algorithm::room::Rooms;
@@ -43,11 +44,6 @@ pub(super) fn paced(
 
 pub(super) fn give(key: &str, params: (u64, u64, u64), tokens: u64, now: u64) -> Call {
     Call::give_back(key, bucket(params), tokens).at(now)
-}
-
-/// token_return.lua with a give-back's mark `{bucket}:return:{id}`: ARGV capacity, rate, per_ms, tokens, 0.
-fn give_once(key: &str, params: (u64, u64, u64), tokens: u64, id: &str, now: u64) -> Call {
-    Call::give_back(key, bucket(params), tokens).once(id).at(now)
 }
 
 pub(super) fn acquire(key: &str, params: (u64, u64, u64), cost: u64, max_wait_ms: u64, now: u64) -> Call {
