@@ -1,7 +1,7 @@
 //! One key's leased tokens in this process: a [`LocalBucket`].
 //!
 //! A [`LocalBucket`] is what the hot path touches: the leased tokens in per-core shards (`shards.rs`), taken
-//! with one compare-and-swap on the thread's own shard, a deadline, and a cached "exhausted until". Everything
+//! with one compare-and-swap on the thread's own shard, a deadline, and its [`Wait`]. Everything
 //! slower (the book of leases and their deadlines, the adaptive batch size, the turn a saturated shared bucket
 //! handed out) sits behind a mutex that only the lease, expiry and sweep paths take.
 //!
@@ -11,7 +11,7 @@
 //! only the tokens beyond what the younger leases brought are expired and given back.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use super::book::{Batch, Book, Probe, Recent};
 use super::reserve::Reserve;
 use super::schedule::{large_fleet, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
+use super::wait::{Atomic, Backoff, Wait};
 use crate::algorithm::{Reply, TokenBucket};
 use crate::clock::{nanos, NEVER_NS};
 use crate::error::FailReason;
@@ -45,14 +46,10 @@ pub(crate) struct LocalBucket {
     next_deadline_ns: AtomicU64,
     /// When the next scheduled chunk is released; [`NEVER_NS`] when none.
     next_release_ns: AtomicU64,
-    /// The shared bucket said "empty": refuse locally until then.
-    exhausted_until_ns: AtomicU64,
-    /// The shared bucket said it will never have enough (a rate-0 stock): report "never" while exhausted.
-    exhausted_never: AtomicBool,
-    /// A lease failed: decide by `fail_mode` until then instead of asking the store again.
-    failing_until_ns: AtomicU64,
-    /// Why the last lease failed: a [`FailReason`] as its index, for the fail_mode metric.
-    fail_reason: AtomicU8,
+    /// Whether a caller who finds too few tokens leases, or is refused locally until when.
+    wait: Atomic<Wait>,
+    /// Whether the last lease failed: `fail_mode` decides until when, and why (the fail_mode metric's reason).
+    backoff: Atomic<Backoff>,
     /// When the shared bucket will be full again, from the last reply.
     full_at_ns: AtomicU64,
     /// Below this many tokens (in all shards) a lease is started in the background.
@@ -98,10 +95,8 @@ impl LocalBucket {
             tokens: Shards::default(),
             next_deadline_ns: AtomicU64::new(NEVER_NS),
             next_release_ns: AtomicU64::new(NEVER_NS),
-            exhausted_until_ns: AtomicU64::new(0),
-            exhausted_never: AtomicBool::new(false),
-            failing_until_ns: AtomicU64::new(0),
-            fail_reason: AtomicU8::new(FailReason::Error as u8),
+            wait: Atomic::new(Wait::Free),
+            backoff: Atomic::new(Backoff::None),
             full_at_ns: AtomicU64::new(0),
             low_watermark: AtomicU64::new(lease.min_batch / 4),
             starved: AtomicBool::new(false),
@@ -184,7 +179,7 @@ impl LocalBucket {
         if now_ns >= until {
             return None;
         }
-        self.exhausted_until_ns.store(until, Ordering::Release);
+        self.wait.store(Wait::until(until));
         Some(until)
     }
 
@@ -201,10 +196,11 @@ impl LocalBucket {
         if let Some(remaining) = self.tokens.take(cost) {
             return Take::Taken { remaining };
         }
-        let until = self.exhausted_until_ns.load(Ordering::Acquire);
+        let wait = self.wait.load();
+        let until = wait.until_ns();
         // A chunk still to come is released now rather than a caller refused ([`Self::release_early`]).
         if now_ns < until && self.next_release_ns.load(Ordering::Acquire) == NEVER_NS {
-            let never = self.exhausted_never.load(Ordering::Relaxed);
+            let never = wait.is_never();
             // Back when the next chunk of a paced lease is released, at the latest.
             let next = until.min(
                 self.next_release_ns
@@ -224,9 +220,9 @@ impl LocalBucket {
         self.tokens.untake(cost);
     }
 
-    /// Whether the last lease failed recently: decide by `fail_mode` instead of asking again.
-    pub(crate) fn is_failing(&self, now_ns: u64) -> bool {
-        now_ns < self.failing_until_ns.load(Ordering::Acquire)
+    /// Why the last lease failed, while `fail_mode` decides instead of asking again (`None`: ask the store).
+    pub(crate) fn failing(&self, now_ns: u64) -> Option<FailReason> {
+        self.backoff.load().at(now_ns)
     }
 
     /// Whether the tokens left call for a background lease, `home_left` being what this thread's shard has
@@ -236,7 +232,7 @@ impl LocalBucket {
     pub(crate) fn below_watermark(&self, home_left: u64, now_ns: u64) -> bool {
         let watermark = self.low_watermark.load(Ordering::Relaxed);
         home_left.saturating_mul(self.tokens.len() as u64) < watermark
-            && now_ns >= self.exhausted_until_ns.load(Ordering::Acquire)
+            && now_ns >= self.wait.load().until_ns()
             && self.tokens.glance() < watermark
     }
 
@@ -327,9 +323,8 @@ impl LocalBucket {
         book.turn_at_ns = turn;
         book.probe = None;
         let not_before = turn.max(book.schedule.last_ns().unwrap_or(0));
-        self.exhausted_never.store(false, Ordering::Relaxed);
-        self.exhausted_until_ns.store(not_before, Ordering::Release);
-        self.failing_until_ns.store(0, Ordering::Release);
+        self.wait.store(Wait::until(not_before));
+        self.backoff.store(Backoff::None);
         let reset_after_ns = u64::try_from(grant.reset_after_ms)
             .unwrap_or(0)
             .saturating_mul(1_000_000);
@@ -345,11 +340,16 @@ impl LocalBucket {
         let mut book = self.lock();
         book.saturated = true;
         // "Never" is only cached for a while: tokens given back by another process may still come.
-        let never = retry_after == Duration::MAX;
-        let wait = if never { recheck } else { retry_after };
-        self.exhausted_never.store(never, Ordering::Relaxed);
-        self.exhausted_until_ns
-            .store(now_ns.saturating_add(nanos(wait)), Ordering::Release);
+        let wait = if retry_after == Duration::MAX {
+            Wait::Never {
+                recheck_ns: now_ns.saturating_add(nanos(recheck)),
+            }
+        } else {
+            Wait::Turn {
+                until_ns: now_ns.saturating_add(nanos(retry_after)),
+            }
+        };
+        self.wait.store(wait);
         self.full_at_ns
             .store(now_ns.saturating_add(nanos(reset_after)), Ordering::Relaxed);
     }
@@ -379,15 +379,10 @@ impl LocalBucket {
 
     /// Records a failed lease: decide by `fail_mode` for `backoff` instead of asking again at once.
     pub(crate) fn failed(&self, reason: FailReason, backoff: Duration, now_ns: u64) {
-        self.fail_reason.store(reason as u8, Ordering::Relaxed);
-        self.failing_until_ns
-            .store(now_ns.saturating_add(nanos(backoff)), Ordering::Release);
-    }
-
-    /// Why the last lease failed.
-    pub(crate) fn fail_reason(&self) -> FailReason {
-        let i = usize::from(self.fail_reason.load(Ordering::Relaxed));
-        FailReason::ALL.get(i).copied().unwrap_or(FailReason::Error)
+        self.backoff.store(Backoff::Until {
+            until_ns: now_ns.saturating_add(nanos(backoff)),
+            reason,
+        });
     }
 
     /// Releases the scheduled chunks that are due, then removes the tokens whose deadline has passed and
@@ -434,7 +429,7 @@ impl LocalBucket {
         // process that leased a burst would otherwise wait out a turn beside a bucket it refilled.
         if expired.saturating_mul(2) >= book.batch.max(1) && book.schedule.next_ns().is_none() {
             book.turn_at_ns = 0;
-            self.exhausted_until_ns.store(0, Ordering::Release);
+            self.wait.store(Wait::Free);
         }
         self.publish_deadline(&book);
         Unspent::default().and(expired, since)
@@ -469,7 +464,7 @@ impl LocalBucket {
             stamp: chunk.stamp,
         });
         if (alone || outran) && book.schedule.next_ns().is_none() {
-            self.exhausted_until_ns.store(book.turn_at_ns, Ordering::Release);
+            self.wait.store(Wait::until(book.turn_at_ns));
         }
         // The deadline is in force before the tokens can be spent.
         self.publish_deadline(&book);
@@ -493,14 +488,10 @@ impl LocalBucket {
         let mut book = self.lock();
         let fallen = book.recent.fallen(book.demand_per_s, (now_ns, decisions));
         book.recent.sample((now_ns, decisions));
-        let until = self.exhausted_until_ns.load(Ordering::Acquire);
+        let wait = self.wait.load();
+        let until = wait.until_ns();
         let not_before = book.schedule.last_ns().unwrap_or(0);
-        if fallen.is_none()
-            || book.probe.is_some()
-            || now_ns >= until
-            || not_before >= until
-            || self.exhausted_never.load(Ordering::Relaxed)
-        {
+        if fallen.is_none() || book.probe.is_some() || now_ns >= until || not_before >= until || wait.is_never() {
             return false;
         }
         book.turn_at_ns = 0;
@@ -508,7 +499,7 @@ impl LocalBucket {
             kept_turn_ns: until,
             backoff_ns: nanos(self.lease.ttl),
         });
-        self.exhausted_until_ns.store(not_before, Ordering::Release);
+        self.wait.store(Wait::until(not_before));
         true
     }
 

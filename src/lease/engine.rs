@@ -274,13 +274,13 @@ impl Engine {
             if local.release_early(cost, now, alone) {
                 continue;
             }
-            if local.is_failing(now) {
+            if let Some(reason) = local.failing(now) {
                 // The key's last lease failed: under `local` its reserve sells what it has released, then its
                 // fail mode decides.
                 if self.draw_reserve(compiled, &local, cost, now) {
-                    return Some((self.fallback.sold_from_reserve(compiled, local.fail_reason()), false));
+                    return Some((self.fallback.sold_from_reserve(compiled, reason), false));
                 }
-                return Some((self.fallback.decide(compiled, local.fail_reason()), false));
+                return Some((self.fallback.decide(compiled, reason), false));
             }
             if now >= give_up_at {
                 // Leases keep arriving but other callers spend them first: refuse briefly rather than queue.

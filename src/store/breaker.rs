@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::clock::nanos;
+use crate::clock::{nanos, tagged, untagged};
 
 /// The breaker's state. Every store call asks it ([`Event::Call`]) and tells it how it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,27 +85,23 @@ impl State {
 }
 
 impl State {
-    /// The payload's bits in [`State::pack`]: a deadline of 2^62 ns is 146 years after the clock's start.
-    const PAYLOAD: u64 = (1 << 62) - 1;
-
-    /// The state as one word, so that callers step it with a compare-and-swap: two bits of tag, 62 of payload.
+    /// The state as one word ([`tagged`]), so that callers step it with a compare-and-swap.
     fn pack(self) -> u64 {
         match self {
-            Self::Closed { failures } => u64::from(failures),
-            Self::Open { until_ns } => 1 << 62 | until_ns.min(Self::PAYLOAD),
-            Self::HalfOpen { until_ns } => 2 << 62 | until_ns.min(Self::PAYLOAD),
+            Self::Closed { failures } => tagged(0, u64::from(failures)),
+            Self::Open { until_ns } => tagged(1, until_ns),
+            Self::HalfOpen { until_ns } => tagged(2, until_ns),
         }
     }
 
     /// The state [`State::pack`] made `word` of.
     fn unpack(word: u64) -> Self {
-        let payload = word & Self::PAYLOAD;
-        match word >> 62 {
-            0 => Self::Closed {
-                failures: u32::try_from(payload).unwrap_or(u32::MAX),
+        match untagged(word) {
+            (0, failures) => Self::Closed {
+                failures: u32::try_from(failures).unwrap_or(u32::MAX),
             },
-            1 => Self::Open { until_ns: payload },
-            _ => Self::HalfOpen { until_ns: payload },
+            (1, until_ns) => Self::Open { until_ns },
+            (_, until_ns) => Self::HalfOpen { until_ns },
         }
     }
 }

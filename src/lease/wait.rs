@@ -1,0 +1,182 @@
+//! The two states of a hot key that its callers read on the hot path beside its tokens, each an enum kept in
+//! one atomic word ([`crate::clock::tagged`]), so that a reader never sees half of one change:
+//!
+//! - [`Wait`]: whether a caller who finds too few local tokens leases now, or is refused locally (the shared
+//!   bucket refused this process, handed it a turn, or will never have enough);
+//! - [`Backoff`]: whether the key's last lease failed, so that `fail_mode` decides instead of the store.
+//!
+//! ```text
+//!  Free ──refused, or granted with a turn or chunks to come──▶ Turn { until }   ──until passed──▶ (as Free)
+//!  Free ──the bucket will never have enough (rate 0)─────────▶ Never { recheck } ──recheck passed──▶ (as Free)
+//!  Turn ──half a batch expired unspent──▶ Free          Turn ──the demand fell (sample)──▶ Turn { last chunk }
+//!  None ──a lease failed──▶ Until { until, reason } ──a lease granted──▶ None     (Backoff; as None once passed)
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::clock::{tagged, untagged, NEVER_NS};
+use crate::error::FailReason;
+
+/// Whether a hot key's caller who finds too few local tokens leases now, or is refused locally until when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// A caller who finds too few tokens leases (below the watermark, a lease starts in the background).
+    Free,
+    /// The shared bucket refused this process or handed it a turn, the last chunk of a paced lease is still to
+    /// come, or the first lease measures the demand: callers who find too few tokens are refused locally until
+    /// `until_ns`, then lease.
+    Turn { until_ns: u64 },
+    /// The shared bucket said it will never have enough (a stock with rate 0): callers who find too few tokens
+    /// are refused as "never" until `recheck_ns`, then it is asked again (tokens given back may still sell).
+    Never { recheck_ns: u64 },
+}
+
+impl Wait {
+    /// A turn until `until_ns` (0, or any instant past: [`Wait::Free`] in effect).
+    pub(crate) fn until(until_ns: u64) -> Self {
+        if until_ns == 0 {
+            Self::Free
+        } else {
+            Self::Turn { until_ns }
+        }
+    }
+
+    /// Until when callers who find too few tokens are refused locally (0: they lease).
+    pub(crate) fn until_ns(self) -> u64 {
+        match self {
+            Self::Free => 0,
+            Self::Turn { until_ns } => until_ns,
+            Self::Never { recheck_ns } => recheck_ns,
+        }
+    }
+
+    /// Whether the wait is a "never".
+    pub(crate) fn is_never(self) -> bool {
+        matches!(self, Self::Never { .. })
+    }
+}
+
+/// Whether a hot key's last lease failed: its callers are decided by `fail_mode` until when, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backoff {
+    /// The last lease was answered (or none failed yet): the store is asked.
+    None,
+    /// A lease failed for `reason`: `fail_mode` decides until `until_ns`
+    /// ([`crate::timings::Timings::backoff`] after the failure).
+    Until { until_ns: u64, reason: FailReason },
+}
+
+impl Backoff {
+    /// Whether `fail_mode` decides at `now_ns`, and for which reason.
+    pub(crate) fn at(self, now_ns: u64) -> Option<FailReason> {
+        match self {
+            Self::Until { until_ns, reason } if now_ns < until_ns => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// One of the states above in an atomic word: stored with release, loaded with acquire ordering.
+#[derive(Debug)]
+pub(crate) struct Atomic<S> {
+    word: AtomicU64,
+    _state: std::marker::PhantomData<S>,
+}
+
+/// A state kept in one word.
+pub(crate) trait Packed: Copy {
+    fn pack(self) -> u64;
+    fn unpack(word: u64) -> Self;
+}
+
+impl Packed for Wait {
+    fn pack(self) -> u64 {
+        match self {
+            Self::Free => tagged(0, 0),
+            Self::Turn { until_ns } => tagged(1, until_ns),
+            Self::Never { recheck_ns } => tagged(2, recheck_ns),
+        }
+    }
+
+    fn unpack(word: u64) -> Self {
+        match untagged(word) {
+            (1, until_ns) => Self::Turn { until_ns },
+            (2, recheck_ns) => Self::Never { recheck_ns },
+            _ => Self::Free,
+        }
+    }
+}
+
+impl Packed for Backoff {
+    fn pack(self) -> u64 {
+        match self {
+            Self::None => tagged(0, 0),
+            Self::Until { until_ns, reason } => tagged(1 + reason as u8, until_ns),
+        }
+    }
+
+    fn unpack(word: u64) -> Self {
+        match untagged(word) {
+            (0, _) => Self::None,
+            (tag, until_ns) => Self::Until {
+                until_ns,
+                reason: FailReason::ALL
+                    .get(usize::from(tag - 1))
+                    .copied()
+                    .unwrap_or(FailReason::Error),
+            },
+        }
+    }
+}
+
+impl<S: Packed> Atomic<S> {
+    pub(crate) fn new(state: S) -> Self {
+        Self {
+            word: AtomicU64::new(state.pack()),
+            _state: std::marker::PhantomData,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn load(&self) -> S {
+        S::unpack(self.word.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn store(&self, state: S) {
+        self.word.store(state.pack(), Ordering::Release);
+    }
+}
+
+/// A wait "for ever" ([`NEVER_NS`]) is kept as the latest deadline one word holds: never reached.
+const _: () = assert!(crate::clock::TAGGED_NS < NEVER_NS);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_state_reads_back_from_its_word() {
+        let waits = [
+            Wait::Free,
+            Wait::Turn { until_ns: 5 },
+            Wait::Never { recheck_ns: 1 << 40 },
+        ];
+        for wait in waits {
+            let atomic = Atomic::new(Wait::Free);
+            atomic.store(wait);
+            assert_eq!(atomic.load(), wait);
+        }
+        for reason in FailReason::ALL {
+            let backoff = Backoff::Until { until_ns: 7, reason };
+            assert_eq!(Atomic::new(backoff).load(), backoff);
+            assert_eq!(backoff.at(6), Some(reason));
+            assert_eq!(backoff.at(7), None, "over once its deadline passed");
+        }
+        assert_eq!(Atomic::new(Backoff::None).load().at(0), None);
+        // "For ever" stays after every instant the clock reaches.
+        let forever = Atomic::new(Wait::Turn { until_ns: NEVER_NS }).load();
+        assert!(forever.until_ns() > 1 << 61);
+        assert_eq!(Wait::until(0), Wait::Free);
+        assert!(Wait::Never { recheck_ns: 3 }.is_never() && !Wait::until(3).is_never());
+    }
+}
