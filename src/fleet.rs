@@ -24,18 +24,77 @@ use crate::store::guarded::Guarded;
 use crate::telemetry;
 use crate::timings::Timings;
 
+/// What this process has taken of a rule's roster: the fleet's count, stepped by each answered beat
+/// ([`Heard::answered`]).
+///
+/// ```text
+///  Unanswered ──an answer──▶ Counted ──an answer counting fewer──▶ Fewer ──fewer for LIVE──▶ Counted (fewer)
+///                               ▲                                    │
+///                               └──an answer not lower, or after a gap of two beats: start over──┘
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// No beat answered yet: the fleet is assumed `expected_processes`.
+    Unanswered,
+    /// The roster counted `processes`, in the answer at `at_ms` (the limiter's clock).
+    Counted { processes: u64, at_ms: u64 },
+    /// Answers have counted fewer than `processes` since `since_ms`, the last at `at_ms`: the count is still
+    /// `processes` until they have for [`Timings::LIVE`].
+    Fewer { processes: u64, at_ms: u64, since_ms: u64 },
+}
+
+impl Heard {
+    /// The state after a beat answered at `now_ms` counted `answered` live processes. More processes (or the
+    /// first answer) count at once; fewer only once the answers have counted fewer for [`Timings::LIVE`]. After
+    /// an outage the first process back finds the others unheard for longer than [`Timings::LIVE`] (their beats
+    /// failed too) and is answered a count of one: taken at once, its first lease could take the whole burst.
+    /// The others beat within a beat or two and the count is back before the lower one would be taken. A member
+    /// that really left is counted [`Timings::LIVE`] longer: the others' shares are smaller meanwhile, never
+    /// larger. The lower answers must follow each other: after a gap of more than two beats without an answer
+    /// (an outage, a stall) they start over, so a lower answer before an outage and one after it are not taken
+    /// as [`Timings::LIVE`] of fewer processes.
+    pub(crate) fn answered(self, answered: u64, now_ms: u64) -> Self {
+        let counted = Self::Counted {
+            processes: answered,
+            at_ms: now_ms,
+        };
+        let (processes, at_ms, since_ms) = match self {
+            Self::Unanswered => return counted,
+            Self::Counted { processes, .. } | Self::Fewer { processes, .. } if answered >= processes => return counted,
+            Self::Counted { processes, at_ms } => (processes, at_ms, now_ms),
+            Self::Fewer {
+                processes,
+                at_ms,
+                since_ms,
+            } => (processes, at_ms, since_ms),
+        };
+        let gap = now_ms.saturating_sub(at_ms) > millis(Timings::BEAT).saturating_mul(2);
+        let since_ms = if gap { now_ms } else { since_ms };
+        if now_ms.saturating_sub(since_ms) >= millis(Timings::LIVE) {
+            return counted;
+        }
+        Self::Fewer {
+            processes,
+            at_ms: now_ms,
+            since_ms,
+        }
+    }
+
+    /// The fleet's count taken so far (`None`: no answer yet).
+    pub(crate) fn processes(self) -> Option<u64> {
+        match self {
+            Self::Unanswered => None,
+            Self::Counted { processes, .. } | Self::Fewer { processes, .. } => Some(processes),
+        }
+    }
+}
+
 /// What this process knows of one rule's fleet.
 #[derive(Debug)]
 pub(crate) struct Seen {
     rule: String,
-    /// The rule's count: the live processes of the first answered beat, then of each answer that is not lower, and of a
-    /// lower answer only once answers have shown it for [`Timings::LIVE`] ([`Seen::count`]); 0 before the first answer.
-    processes: AtomicU64,
-    /// When answers began to count fewer processes than [`Seen::processes`] (ms of the limiter's clock); 0 while
-    /// they do not.
-    fewer_since_ms: AtomicU64,
-    /// When the last beat was answered, in ms of the limiter's clock (0 before the first).
-    answered_at_ms: AtomicU64,
+    /// The roster's count as this process took it.
+    heard: Mutex<Heard>,
     /// The first beat, which the rule's first lease waits for.
     joined: OnceCell<()>,
     /// The last beat's failure (kind and message), `None` once a beat is answered: [`Fleet::join`] answers it
@@ -45,42 +104,13 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
-    /// Whether one of this process's beats of the rule was answered.
-    fn is_answered(&self) -> bool {
-        self.answered_at_ms.load(Ordering::Acquire) > 0
+    fn heard(&self) -> Heard {
+        *self.heard.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes `answered`, the live count of a beat answered at `now_ms`, into the rule's count, and returns the count.
-    /// More processes (or the first answer) count at once; fewer only once the answers have counted fewer for
-    /// [`Timings::LIVE`]. After an outage the first process back finds the others unheard for longer than
-    /// [`Timings::LIVE`] (their beats failed too) and is answered a count of one: taken at once, its first lease could
-    /// take the whole burst. The others beat within a beat or two and the count is back before the lower one would be
-    /// taken. A member that really left is counted [`Timings::LIVE`] longer: the others' shares are smaller meanwhile,
-    /// never larger. The lower answers must follow each other: after a gap of more than two beats without an answer (an
-    /// outage, a stall) they start over, so a lower answer before an outage and one after it are not taken as
-    /// [`Timings::LIVE`] of fewer processes. Called before `answered_at_ms` records this answer.
-    fn count(&self, answered: u64, now_ms: u64) -> u64 {
-        let current = self.processes.load(Ordering::Acquire);
-        if current == 0 || answered >= current {
-            self.fewer_since_ms.store(0, Ordering::Release);
-            self.processes.store(answered, Ordering::Release);
-            return answered;
-        }
-        let previous = self.answered_at_ms.load(Ordering::Acquire);
-        let gap = now_ms.saturating_sub(previous) > millis(Timings::BEAT).saturating_mul(2);
-        let since = match self.fewer_since_ms.load(Ordering::Acquire) {
-            since if since != 0 && !gap => since,
-            _ => {
-                self.fewer_since_ms.store(now_ms.max(1), Ordering::Release);
-                now_ms
-            }
-        };
-        if now_ms.saturating_sub(since) < millis(Timings::LIVE) {
-            return current;
-        }
-        self.fewer_since_ms.store(0, Ordering::Release);
-        self.processes.store(answered, Ordering::Release);
-        answered
+    /// Whether one of this process's beats of the rule was answered.
+    fn is_answered(&self) -> bool {
+        self.heard() != Heard::Unanswered
     }
 }
 
@@ -132,13 +162,12 @@ impl Fleet {
         self.clock.now_ns() / 1_000_000
     }
 
-    /// The live processes of `rule`'s fleet (the divisor of its shares): the roster's count as the beats answered it (a
-    /// lower one once shown for [`Timings::LIVE`], [`Seen::count`]), or the assumed count before one was answered.
+    /// The live processes of `rule`'s fleet (the divisor of its shares): the roster's count as the beats answered
+    /// it (a lower one once shown for [`Timings::LIVE`], [`Heard::answered`]), or the assumed count before one was
+    /// answered.
     pub(crate) fn processes(&self, rule: &str) -> u64 {
-        match self.rules.get(rule).map(|s| s.processes.load(Ordering::Acquire)) {
-            Some(n) if n > 0 => n,
-            _ => self.assumed,
-        }
+        let heard = self.rules.get(rule).map(|s| s.heard());
+        heard.and_then(Heard::processes).unwrap_or(self.assumed)
     }
 
     /// Joins `rule`'s fleet: the first call waits for the rule's first beat (one store call, once; a failed one is
@@ -174,9 +203,7 @@ impl Fleet {
         let seen = self.rules.entry(rule.to_owned()).or_insert_with(|| {
             Arc::new(Seen {
                 rule: rule.to_owned(),
-                processes: AtomicU64::new(0),
-                fewer_since_ms: AtomicU64::new(0),
-                answered_at_ms: AtomicU64::new(0),
+                heard: Mutex::new(Heard::Unanswered),
                 joined: OnceCell::new(),
                 failed: Mutex::new(None),
                 gauge: telemetry::fleet_processes(rule),
@@ -235,9 +262,11 @@ impl Fleet {
         };
         let count = Count::from_reply(&reply);
         let now = self.now_ms();
-        let processes = seen.count(count.processes, now);
-        // 0 means never answered.
-        seen.answered_at_ms.store(now.max(1), Ordering::Release);
+        let processes = {
+            let mut heard = seen.heard.lock().unwrap_or_else(PoisonError::into_inner);
+            *heard = heard.answered(count.processes, now);
+            heard.processes().unwrap_or(count.processes)
+        };
         *seen.failed.lock().unwrap_or_else(PoisonError::into_inner) = None;
         seen.gauge.set(processes as f64);
         // Redis answers on its wall clock (`TIME`); the in-process store on the limiter's monotonic one, so the

@@ -2,7 +2,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Fleet;
+use super::{Fleet, Heard};
 use crate::clock::{Clock, FakeClock};
 use crate::store::guarded::Guarded;
 use crate::store::MemoryStore;
@@ -121,4 +121,34 @@ async fn no_beat_puts_a_member_back_on_a_roster_it_left() {
     let late = fleet[0].beat(&fleet[0].seen("sale")).await;
     assert!(late.is_err(), "{late:?}");
     assert_eq!(beat(&fleet[1]).await, 1, "m0 is not back");
+}
+
+#[test]
+fn each_answer_steps_the_count_by_name() {
+    let counted = |processes, at_ms| Heard::Counted { processes, at_ms };
+    let fewer = |processes, at_ms, since_ms| Heard::Fewer {
+        processes,
+        at_ms,
+        since_ms,
+    };
+    // Answers arrive about every second (a gap is more than two beats: 2 000 ms).
+    let table = [
+        (Heard::Unanswered, 1, 0, counted(1, 0)),
+        (counted(4, 0), 5, 1_000, counted(5, 1_000)),
+        (counted(4, 0), 3, 1_000, fewer(4, 1_000, 1_000)),
+        (fewer(4, 1_000, 1_000), 3, 2_000, fewer(4, 2_000, 1_000)),
+        (fewer(4, 3_000, 1_000), 3, 4_000, counted(3, 4_000)),
+        (fewer(4, 3_000, 1_000), 4, 3_500, counted(4, 3_500)),
+        // After a gap the fewer answers start over.
+        (fewer(4, 1_000, 1_000), 3, 4_000, fewer(4, 4_000, 4_000)),
+    ];
+    for (heard, answered, now, expected) in table {
+        assert_eq!(
+            heard.answered(answered, now),
+            expected,
+            "{heard:?} answered {answered} at {now}"
+        );
+    }
+    assert_eq!(Heard::Unanswered.processes(), None);
+    assert_eq!(fewer(4, 1_000, 1_000).processes(), Some(4), "fewer are not taken yet");
 }
