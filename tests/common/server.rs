@@ -74,8 +74,29 @@ impl Tls {
     }
 }
 
-/// A loopback port nobody listens on (bound once, then released).
+/// A loopback port nobody listens on (bound once, then released), never the same twice in one test process,
+/// and below the kernel's ephemeral range: a port the kernel hands out (`bind(0)`, or the local end of any
+/// outgoing connection, to a redis-server say) could be taken by another test between this call and the
+/// server's own bind (a sidecar test failed so: "Address already in use").
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Linux's ephemeral range starts at 32768 by default; below it ports are taken only by name. 10000 to 19999:
+    // tests/cluster.rs takes its nodes' ports from 20000 and their bus ports 10000 above.
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = low.clamp(11_000, 20_000) - 10_000;
+    // Test processes started one after another begin at different places.
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = 10_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let Ok(port) = u16::try_from(port) else { continue };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local addr").port()
 }
