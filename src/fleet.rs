@@ -44,7 +44,7 @@ pub(crate) enum Heard {
 }
 
 impl Heard {
-    /// The state after a beat answered at `now_ms` counted `answered` live processes. More processes (or the
+    /// The state after a beat answered at `now_ms` counted `counted` live processes. More processes (or the
     /// first answer) count at once; fewer only once the answers have counted fewer for [`Timings::LIVE`]. After
     /// an outage the first process back finds the others unheard for longer than [`Timings::LIVE`] (their beats
     /// failed too) and is answered a count of one: taken at once, its first lease could take the whole burst.
@@ -53,14 +53,14 @@ impl Heard {
     /// larger. The lower answers must follow each other: after a gap of more than two beats without an answer
     /// (an outage, a stall) they start over, so a lower answer before an outage and one after it are not taken
     /// as [`Timings::LIVE`] of fewer processes.
-    pub(crate) fn answered(self, answered: u64, now_ms: u64) -> Self {
-        let counted = Self::Counted {
-            processes: answered,
+    pub(crate) fn answered(self, counted: u64, now_ms: u64) -> Self {
+        let taken = Self::Counted {
+            processes: counted,
             at_ms: now_ms,
         };
         let (processes, at_ms, since_ms) = match self {
-            Self::Unanswered => return counted,
-            Self::Counted { processes, .. } | Self::Fewer { processes, .. } if answered >= processes => return counted,
+            Self::Unanswered => return taken,
+            Self::Counted { processes, .. } | Self::Fewer { processes, .. } if counted >= processes => return taken,
             Self::Counted { processes, at_ms } => (processes, at_ms, now_ms),
             Self::Fewer {
                 processes,
@@ -71,7 +71,7 @@ impl Heard {
         let gap = now_ms.saturating_sub(at_ms) > millis(Timings::BEAT).saturating_mul(2);
         let since_ms = if gap { now_ms } else { since_ms };
         if now_ms.saturating_sub(since_ms) >= millis(Timings::LIVE) {
-            return counted;
+            return taken;
         }
         Self::Fewer {
             processes,
@@ -121,8 +121,8 @@ pub(crate) struct Fleet {
     /// This limiter's member in the rosters.
     member: String,
     key_prefix: String,
-    /// The count assumed before a rule's first beat is answered (`expected_processes`).
-    assumed: u64,
+    /// The count assumed before a rule's first beat is answered.
+    expected_processes: u64,
     store: Arc<Guarded>,
     clock: Arc<dyn Clock>,
     /// Beats sent (each a store call).
@@ -133,11 +133,11 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// The fleets of a limiter whose member is `member`, keeping rosters under `key_prefix`, assuming `assumed`
-    /// processes until a rule's roster answers.
+    /// The fleets of a limiter whose member is `member`, keeping rosters under `key_prefix`, assuming
+    /// `expected_processes` processes until a rule's roster answers.
     pub(crate) fn new(
         (member, key_prefix): (String, String),
-        assumed: u64,
+        expected_processes: u64,
         store: Arc<Guarded>,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -145,7 +145,7 @@ impl Fleet {
             rules: DashMap::default(),
             member,
             key_prefix,
-            assumed: assumed.max(1),
+            expected_processes: expected_processes.max(1),
             store,
             clock,
             beats: AtomicU64::new(0),
@@ -167,7 +167,7 @@ impl Fleet {
     /// answered.
     pub(crate) fn processes(&self, rule: &str) -> u64 {
         let heard = self.rules.get(rule).map(|s| s.heard());
-        heard.and_then(Heard::processes).unwrap_or(self.assumed)
+        heard.and_then(Heard::processes).unwrap_or(self.expected_processes)
     }
 
     /// Joins `rule`'s fleet: the first call waits for the rule's first beat (one store call, once; a failed one is

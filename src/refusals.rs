@@ -36,12 +36,12 @@ struct Refusal {
 
 /// A key as the cache holds it: the rule's generation and the caller's key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Held {
+struct Cached {
     rule: u64,
     key: String,
 }
 
-/// A key as a lookup borrows it; hashes as [`Held`] does.
+/// A key as a lookup borrows it; hashes as [`Cached`] does.
 struct Looked<'a> {
     rule: u64,
     key: &'a str,
@@ -54,24 +54,24 @@ impl Hash for Looked<'_> {
     }
 }
 
-impl Equivalent<Held> for Looked<'_> {
-    fn equivalent(&self, held: &Held) -> bool {
-        self.rule == held.rule && self.key == held.key
+impl Equivalent<Cached> for Looked<'_> {
+    fn equivalent(&self, cached: &Cached) -> bool {
+        self.rule == cached.rule && self.key == cached.key
     }
 }
 
 /// The refusals this process remembers; see the module docs.
 pub(crate) struct Refusals {
     /// `None`: `max_refused_keys = 0`, every refusal is the store's.
-    cache: Option<Cache<Held, Refusal, UnitWeighter, foldhash::fast::RandomState>>,
+    cache: Option<Cache<Cached, Refusal, UnitWeighter, foldhash::fast::RandomState>>,
     /// Refusals answered so far.
     answered: AtomicU64,
 }
 
 impl std::fmt::Debug for Refusals {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let held = self.cache.as_ref().map_or(0, Cache::len);
-        f.debug_struct("Refusals").field("held", &held).finish()
+        let cached = self.cache.as_ref().map_or(0, Cache::len);
+        f.debug_struct("Refusals").field("cached", &cached).finish()
     }
 }
 
@@ -133,11 +133,11 @@ impl Refusals {
             remaining: refused.remaining,
             reset_at_ns: sent_ns.saturating_add(nanos(refused.reset_after)),
         };
-        let held = Held {
+        let cached = Cached {
             rule,
             key: key.to_owned(),
         };
-        cache.insert(held, refusal);
+        cache.insert(cached, refusal);
     }
 
     /// Forgets the refusal of `key` (the key was reset).
@@ -152,7 +152,7 @@ impl Refusals {
         self.answered.load(Ordering::Relaxed)
     }
 
-    /// Refused keys held now.
+    /// Refused keys remembered now.
     pub(crate) fn len(&self) -> usize {
         self.cache.as_ref().map_or(0, Cache::len)
     }
@@ -240,8 +240,11 @@ mod tests {
         for i in 0..1000 {
             refusals.remember(1, &format!("k{i}"), 1, &refused(500), 0);
         }
-        assert!(refusals.len() <= 100, "held {}", refusals.len());
-        assert!(refusals.answer(1, "k999", 1, MS).is_some(), "the newest key is held");
+        assert!(refusals.len() <= 100, "remembered {}", refusals.len());
+        assert!(
+            refusals.answer(1, "k999", 1, MS).is_some(),
+            "the newest key is remembered"
+        );
         let off = Refusals::new(0);
         off.remember(1, "k", 1, &refused(500), 0);
         assert!(

@@ -47,7 +47,8 @@ pub struct RedisConfig {
     /// Timeout of every Redis call (humantime, e.g. `"5ms"`).
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
-    /// What to do when Redis fails: `open`, `closed` (the default) or `local` (as `closed`).
+    /// What to do when Redis fails: `open`, `closed` (the default) or `local` (as `closed`, and a hot key sells
+    /// its reserve: [`FailMode::Local`]).
     #[serde(default)]
     pub fail_mode: FailMode,
     /// How many processes share a leased rule's burst until its roster in Redis first answers (invariant 17):

@@ -345,7 +345,7 @@ impl LocalBucket {
                 recheck_ns: now_ns.saturating_add(nanos(recheck)),
             }
         } else {
-            Wait::Turn {
+            Wait::Until {
                 until_ns: now_ns.saturating_add(nanos(retry_after)),
             }
         };

@@ -105,7 +105,7 @@ fn a_slow_process_on_a_saturated_bucket_leases_a_paced_turn() {
             min: 1,
             max: 100,
             batch: 100,
-            turn: 100,
+            per_turn: 100,
             pace: Pace {
                 chunk: 10,
                 chunk_ms: 100

@@ -350,7 +350,7 @@ impl Engine {
         let hold = self.hold_ask(compiled, local, (processes, plan.batch), sent);
         // Callers wait at most the lease wait, but the lease itself waits longer for its reply: a lease that
         // timed out after Redis granted it would strand its tokens.
-        let mut call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.turn)
+        let mut call = Call::lease(&local.store_key, *bucket, (plan.min, plan.max), plan.per_turn)
             .paced(plan.pace)
             .adopted(compiled.adopted_ms)
             .with_timeout(self.store.timings.lease);
@@ -362,7 +362,7 @@ impl Engine {
         if let (Some(asked), Ok(reply)) = (&hold, &result) {
             locked(&local.reserve).answered(asked, reply.held, now);
         }
-        tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, ?plan.pace, plan.turn, "lease");
+        tracing::trace!(key = %local.store_key, min = plan.min, max = plan.max, sent, now, ?result, ?plan.pace, plan.per_turn, "lease");
         let m = &compiled.metrics;
         match result {
             Ok(reply) if reply.granted > 0 => {
@@ -406,13 +406,13 @@ impl Engine {
     ) -> Option<Asked> {
         let reserve = reserve_length(compiled, local)?;
         let mut held = locked(&local.reserve);
-        let ((share, spent), holding) = (local.reserve_want(processes, reserve), held.tokens(sent_ns));
+        let ((most, spent), holding) = (local.reserve_want(processes, reserve), held.tokens(sent_ns));
         // The demand only slows the hold's growth, by a batch a lease at most (a fleet's first leases, before it
         // knows its size, would each hold the share of a fleet of one); the hold shrinks only to the share of a
         // larger fleet. Following the demand down, it would give back and take again at each wobble, and drop
         // its reserve in an outage, whose decisions the demand does not count.
-        let want = if holding > share {
-            share
+        let want = if holding > most {
+            most
         } else {
             spent.max(holding).min(holding.saturating_add(batch))
         };

@@ -79,7 +79,7 @@ impl LocalBucket {
                 min: cost,
                 max: turn,
                 batch: turn,
-                turn: ask(turn),
+                per_turn: ask(turn),
                 pace,
             };
         }
@@ -110,7 +110,7 @@ impl LocalBucket {
             min: cost,
             max,
             batch,
-            turn: ask(turn.max(batch)),
+            per_turn: ask(turn.max(batch)),
             pace: Pace::default(),
         }
     }
@@ -121,12 +121,12 @@ impl LocalBucket {
     /// share before a demand is seen).
     pub(crate) fn reserve_want(&self, processes: u64, reserve_ns: u64) -> (u64, u64) {
         let (b, processes) = (&self.bucket, u128::from(processes.max(1)));
-        let share = u128::from(b.rate) * u128::from(reserve_ns) / (u128::from(b.per_ms.max(1)) * 1_000_000 * processes);
-        let share = share.min(u128::from(b.capacity) / (2 * processes));
+        let most = u128::from(b.rate) * u128::from(reserve_ns) / (u128::from(b.per_ms.max(1)) * 1_000_000 * processes);
+        let most = most.min(u128::from(b.capacity) / (2 * processes));
         let demand = u128::from(self.lock().demand_per_s);
         let spent = (demand * u128::from(reserve_ns)).div_ceil(1_000_000_000);
-        let spent = if demand > 0 { share.min(spent) } else { share };
-        (u64::try_from(share).unwrap_or(0), u64::try_from(spent).unwrap_or(0))
+        let spent = if demand > 0 { most.min(spent) } else { most };
+        (u64::try_from(most).unwrap_or(0), u64::try_from(spent).unwrap_or(0))
     }
 
     /// Records a lease planned at `now_ns` for `batch` tokens, `decisions` having been counted by then.

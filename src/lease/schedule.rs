@@ -24,7 +24,7 @@ pub(crate) struct LeasePlan {
     pub batch: u64,
     /// What a turn on the saturated bucket should bring (at least the batch): the bucket spaces the turns it
     /// hands this process by it (`token_lease.lua`).
-    pub turn: u64,
+    pub per_turn: u64,
     /// How the grant is released: paced in chunks when a turn brings more than the demand spends in the TTL.
     pub pace: Pace,
 }

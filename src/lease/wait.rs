@@ -6,9 +6,9 @@
 //! - [`Backoff`]: whether the key's last lease failed, so that `fail_mode` decides instead of the store.
 //!
 //! ```text
-//!  Free ──refused, or granted with a turn or chunks to come──▶ Turn { until }   ──until passed──▶ (as Free)
+//!  Free ──refused, or granted with a turn or chunks to come──▶ Until { until }   ──until passed──▶ (as Free)
 //!  Free ──the bucket will never have enough (rate 0)─────────▶ Never { recheck } ──recheck passed──▶ (as Free)
-//!  Turn ──half a batch expired unspent──▶ Free          Turn ──the demand fell (sample)──▶ Turn { last chunk }
+//!  Until ──half a batch expired unspent──▶ Free         Until ──the demand fell (sample)──▶ Until { last chunk }
 //!  None ──a lease failed──▶ Until { until, reason } ──a lease granted──▶ None     (Backoff; as None once passed)
 //! ```
 
@@ -25,19 +25,19 @@ pub(crate) enum Wait {
     /// The shared bucket refused this process or handed it a turn, the last chunk of a paced lease is still to
     /// come, or the first lease measures the demand: callers who find too few tokens are refused locally until
     /// `until_ns`, then lease.
-    Turn { until_ns: u64 },
+    Until { until_ns: u64 },
     /// The shared bucket said it will never have enough (a stock with rate 0): callers who find too few tokens
     /// are refused as "never" until `recheck_ns`, then it is asked again (tokens given back may still sell).
     Never { recheck_ns: u64 },
 }
 
 impl Wait {
-    /// A turn until `until_ns` (0, or any instant past: [`Wait::Free`] in effect).
+    /// Refused locally until `until_ns` (0, or any instant past: [`Wait::Free`] in effect).
     pub(crate) fn until(until_ns: u64) -> Self {
         if until_ns == 0 {
             Self::Free
         } else {
-            Self::Turn { until_ns }
+            Self::Until { until_ns }
         }
     }
 
@@ -45,7 +45,7 @@ impl Wait {
     pub(crate) fn until_ns(self) -> u64 {
         match self {
             Self::Free => 0,
-            Self::Turn { until_ns } => until_ns,
+            Self::Until { until_ns } => until_ns,
             Self::Never { recheck_ns } => recheck_ns,
         }
     }
@@ -93,14 +93,14 @@ impl Packed for Wait {
     fn pack(self) -> u64 {
         match self {
             Self::Free => tagged(0, 0),
-            Self::Turn { until_ns } => tagged(1, until_ns),
+            Self::Until { until_ns } => tagged(1, until_ns),
             Self::Never { recheck_ns } => tagged(2, recheck_ns),
         }
     }
 
     fn unpack(word: u64) -> Self {
         match untagged(word) {
-            (1, until_ns) => Self::Turn { until_ns },
+            (1, until_ns) => Self::Until { until_ns },
             (2, recheck_ns) => Self::Never { recheck_ns },
             _ => Self::Free,
         }
@@ -158,7 +158,7 @@ mod tests {
     fn each_state_reads_back_from_its_word() {
         let waits = [
             Wait::Free,
-            Wait::Turn { until_ns: 5 },
+            Wait::Until { until_ns: 5 },
             Wait::Never { recheck_ns: 1 << 40 },
         ];
         for wait in waits {
@@ -174,7 +174,7 @@ mod tests {
         }
         assert_eq!(Atomic::new(Backoff::None).load().at(0), None);
         // "For ever" stays after every instant the clock reaches.
-        let forever = Atomic::new(Wait::Turn { until_ns: NEVER_NS }).load();
+        let forever = Atomic::new(Wait::Until { until_ns: NEVER_NS }).load();
         assert!(forever.until_ns() > 1 << 61);
         assert_eq!(Wait::until(0), Wait::Free);
         assert!(Wait::Never { recheck_ns: 3 }.is_never() && !Wait::until(3).is_never());

@@ -89,11 +89,12 @@ impl LimiterBuilder {
         self
     }
 
-    /// Processes assumed to share a leased rule's burst (default 4) until its roster in the store first answers:
-    /// a hot key's lease is capped at `capacity / n`, `n` the live count of processes kept there from then on
-    /// ([`Limiter::processes`]).
-    pub fn expected_processes(mut self, n: u32) -> Self {
-        self.expected_processes = Some(n);
+    /// Processes assumed to share a leased rule (default 4) until its roster in the store first answers; from
+    /// then on the live count kept there ([`Limiter::processes`]). The count divides a hot key's fair share of
+    /// the burst (the most a lease takes while the shared bucket is not saturated) and, under `fail_mode =
+    /// "local"`, its reserve; in a large fleet a key's first lease on a spent bucket waits to measure its demand.
+    pub fn expected_processes(mut self, processes: u32) -> Self {
+        self.expected_processes = Some(processes);
         self
     }
 

@@ -27,9 +27,11 @@ pub enum FailMode {
     /// granted it before the fault: its leased batches within their TTL and its paced chunks.
     #[default]
     Closed,
-    /// As `closed`: a process sells only what the store granted it before the fault, never on credit. (Before
-    /// 2026-11-28 each process sold `1 / expected_processes` of the rule alone and charged it afterwards, which
-    /// could not keep the bound.) A config that says `local` keeps loading, with this meaning.
+    /// As `closed`, and a hot key also sells its *reserve*: tokens the store holds for this process while it
+    /// reaches the store (about [`crate::Lease::reserve`] of its share of the rate), sold over that long once the
+    /// store fails, then refused. A process sells only what the store granted it before the fault, never on
+    /// credit (the change from earlier versions: CHANGELOG.md). Cold keys, window rules and queues refuse as
+    /// under `closed`.
     Local,
 }
 
