@@ -22,7 +22,7 @@ use super::book::{Batch, Book, Probe, Recent};
 use super::reserve::Reserve;
 use super::schedule::{large_fleet, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
-use super::wait::{Atomic, Backoff, Wait};
+use super::wait::{Atomic, AtomicSlot, Backoff, Slot, Wait};
 use crate::algorithm::{Reply, TokenBucket};
 use crate::clock::{nanos, NEVER_NS};
 use crate::error::FailReason;
@@ -56,14 +56,11 @@ pub(crate) struct LocalBucket {
     low_watermark: AtomicU64,
     /// A caller found too few tokens since the last lease (demand outran the batch).
     starved: AtomicBool,
-    /// One lease in flight per key per process.
-    in_flight: AtomicBool,
+    /// One lease in flight per key per process, or none ever again (retired).
+    slot: AtomicSlot,
     /// Made hot on a shared bucket the fleet spends, no lease sent yet: the first may wait
     /// ([`Self::first_lease_wait`]).
     measuring: AtomicBool,
-    /// Drained for good (evicted, its rule reloaded, the limiter shut down): no lease starts and a grant that
-    /// arrives is not added (the caller gives it back).
-    retired: AtomicBool,
     /// Last time a lease was started (for idle eviction).
     pub last_used_ns: AtomicU64,
     /// Wakes callers waiting on the lease in flight.
@@ -100,9 +97,8 @@ impl LocalBucket {
             full_at_ns: AtomicU64::new(0),
             low_watermark: AtomicU64::new(lease.min_batch / 4),
             starved: AtomicBool::new(false),
-            in_flight: AtomicBool::new(false),
+            slot: AtomicSlot::new(),
             measuring: AtomicBool::new(false),
-            retired: AtomicBool::new(false),
             last_used_ns: AtomicU64::new(now_ns),
             notify: Notify::new(),
             reserve: Mutex::new(Reserve::Empty),
@@ -243,28 +239,23 @@ impl LocalBucket {
 
     /// Claims the single lease slot of this key; `false` when a lease is already in flight.
     pub(crate) fn claim_lease(&self) -> bool {
-        !self.retired.load(Ordering::Acquire)
-            && !self.in_flight.load(Ordering::Acquire)
-            && self
-                .in_flight
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        self.slot.load() == Slot::Idle && self.slot.step(Slot::Idle, Slot::Leasing)
     }
 
     /// Releases the lease slot and wakes the waiters.
     pub(crate) fn finish_lease(&self) {
-        self.in_flight.store(false, Ordering::Release);
+        self.slot.step(Slot::Leasing, Slot::Idle);
         self.notify.notify_waiters();
     }
 
     /// Whether the bucket was drained for good.
     pub(crate) fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Acquire)
+        self.slot.load() == Slot::Retired
     }
 
     /// Whether a lease is in flight.
     pub(crate) fn lease_in_flight(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire)
+        self.slot.load() == Slot::Leasing
     }
 
     /// Nanoseconds until the shared bucket is full again (0 when unknown or already).
@@ -288,7 +279,7 @@ impl LocalBucket {
         let ttl_ns = nanos(self.lease.ttl);
         let deadline_ns = sent_ns.saturating_add(ttl_ns);
         let mut book = self.lock();
-        if self.retired.load(Ordering::Acquire) || now_ns >= deadline_ns {
+        if self.is_retired() || now_ns >= deadline_ns {
             return false;
         }
         Self::attribute(&mut book, self.tokens.total());
@@ -511,13 +502,13 @@ impl LocalBucket {
 
     /// Retires the bucket for good without taking its tokens: no decision or lease uses it again.
     pub(crate) fn retire(&self) {
-        self.retired.store(true, Ordering::Release);
+        self.slot.retire();
     }
 
     /// Takes every token, scheduled chunks included (shutdown, eviction), to be given back.
     pub(crate) fn drain(&self) -> Unspent {
         let mut book = self.lock();
-        self.retired.store(true, Ordering::Release);
+        self.slot.retire();
         Self::attribute(&mut book, self.tokens.total());
         let since = book.batches.iter().map(|b| b.stamp).min().unwrap_or(0);
         book.batches.clear();

@@ -3,16 +3,18 @@
 //!
 //! - [`Wait`]: whether a caller who finds too few local tokens leases now, or is refused locally (the shared
 //!   bucket refused this process, handed it a turn, or will never have enough);
-//! - [`Backoff`]: whether the key's last lease failed, so that `fail_mode` decides instead of the store.
+//! - [`Backoff`]: whether the key's last lease failed, so that `fail_mode` decides instead of the store;
+//! - [`Slot`]: whether a lease of the key is in flight, or the bucket was retired for good.
 //!
 //! ```text
 //!  Free ──refused, or granted with a turn or chunks to come──▶ Until { until }   ──until passed──▶ (as Free)
 //!  Free ──the bucket will never have enough (rate 0)─────────▶ Never { recheck } ──recheck passed──▶ (as Free)
 //!  Until ──half a batch expired unspent──▶ Free         Until ──the demand fell (sample)──▶ Until { last chunk }
 //!  None ──a lease failed──▶ Until { until, reason } ──a lease granted──▶ None     (Backoff; as None once passed)
+//!  Idle ──claimed──▶ Leasing ──the lease ended──▶ Idle;  any ──evicted, reloaded, shut down──▶ Retired (Slot)
 //! ```
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use crate::clock::{tagged, untagged, NEVER_NS};
 use crate::error::FailReason;
@@ -73,6 +75,49 @@ impl Backoff {
             Self::Until { until_ns, reason } if now_ns < until_ns => Some(reason),
             _ => None,
         }
+    }
+}
+
+/// A hot key's one lease slot: a process sends one lease per key at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Slot {
+    /// No lease in flight: the next caller below the watermark claims the slot.
+    Idle = 0,
+    /// A lease is in flight; its callers wait for it or are refused briefly.
+    Leasing = 1,
+    /// Drained for good (evicted, its rule reloaded, the limiter shut down): no lease starts, and a grant that
+    /// arrives is not added (its lease gives it back). A lease in flight when the bucket retired ends unseen.
+    Retired = 2,
+}
+
+/// A [`Slot`] in one atomic byte, stepped by compare-and-swap.
+#[derive(Debug)]
+pub(crate) struct AtomicSlot(AtomicU8);
+
+impl AtomicSlot {
+    pub(crate) fn new() -> Self {
+        Self(AtomicU8::new(Slot::Idle as u8))
+    }
+
+    pub(crate) fn load(&self) -> Slot {
+        match self.0.load(Ordering::Acquire) {
+            0 => Slot::Idle,
+            1 => Slot::Leasing,
+            _ => Slot::Retired,
+        }
+    }
+
+    /// Steps `from` to `to`; `false`, changing nothing, when the slot was not `from`.
+    pub(crate) fn step(&self, from: Slot, to: Slot) -> bool {
+        (self.0)
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Retires the slot, whatever it was.
+    pub(crate) fn retire(&self) {
+        self.0.store(Slot::Retired as u8, Ordering::Release);
     }
 }
 
@@ -178,5 +223,15 @@ mod tests {
         assert!(forever.until_ns() > 1 << 61);
         assert_eq!(Wait::until(0), Wait::Free);
         assert!(Wait::Never { recheck_ns: 3 }.is_never() && !Wait::until(3).is_never());
+    }
+
+    #[test]
+    fn a_retired_slot_stays_retired_when_its_lease_ends() {
+        let slot = AtomicSlot::new();
+        assert!(slot.step(Slot::Idle, Slot::Leasing));
+        assert!(!slot.step(Slot::Idle, Slot::Leasing), "one lease at a time");
+        slot.retire();
+        assert!(!slot.step(Slot::Leasing, Slot::Idle), "the lease ends unseen");
+        assert_eq!(slot.load(), Slot::Retired);
     }
 }
