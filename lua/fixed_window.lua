@@ -68,13 +68,11 @@ elseif start == nil or now >= start + window or now < start then
 end
 local ends_in = (ends_at or (start + window)) - now
 
-local banned_until = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-if banned_until > now then
-  local left = limit - count
-  if left < 0 then left = 0 end
-  local reset_after = banned_until - now
+local banned = ban_left(KEYS[2], now)
+if banned > 0 then
+  local reset_after = banned
   if count > 0 and ends_in > reset_after then reset_after = ends_in end
-  return { 0, left, banned_until - now, reset_after }
+  return refused(limit, count, banned, reset_after)
 end
 
 -- Cost 0 is a peek: the window as it is and what a call of one token would get; nothing counted or banned.
@@ -96,10 +94,7 @@ if cost > limit then retry_after = -1 end
 local reset_after = 0
 if count > 0 then reset_after = ends_in end
 if ban_ms > 0 and not peek then
-  redis.call('SET', KEYS[2], int(now + ban_ms), 'PX', int(ban_ms))
-  retry_after = ban_ms
-  if reset_after < ban_ms then reset_after = ban_ms end
+  ban(KEYS[2], now, ban_ms)
+  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
 end
-local left = limit - count
-if left < 0 then left = 0 end
-return { 0, left, retry_after, reset_after }
+return refused(limit, count, retry_after, reset_after)

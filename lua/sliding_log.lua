@@ -39,12 +39,8 @@ if count > 0 then
   reset_after = tonumber(newest[2]) + window - now
 end
 
-local banned_until = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-if banned_until > now then
-  local left = limit - count
-  if left < 0 then left = 0 end
-  return { 0, left, banned_until - now, math.max(reset_after, banned_until - now) }
-end
+local banned = ban_left(KEYS[2], now)
+if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
 
 -- Cost 0 is a peek: the log as it is and what a call of one token would get; nothing added or banned.
 local peek = cost == 0
@@ -68,10 +64,7 @@ if cost <= limit then
   retry_after = tonumber(oldest[2]) + window - now
 end
 if ban_ms > 0 and not peek then
-  redis.call('SET', KEYS[2], int(now + ban_ms), 'PX', int(ban_ms))
-  retry_after = ban_ms
-  if reset_after < ban_ms then reset_after = ban_ms end
+  ban(KEYS[2], now, ban_ms)
+  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
 end
-local left = limit - count
-if left < 0 then left = 0 end
-return { 0, left, retry_after, reset_after }
+return refused(limit, count, retry_after, reset_after)

@@ -37,17 +37,12 @@ local now_arg = 6
 if not (capacity and rate and per and cost and max_wait) or capacity < 1 or rate < 0 or per < 1 or cost < 1 or max_wait < 0 then
   return redis.error_reply('ERR token_acquire: bad arguments (capacity, rate, per_ms, cost, max_wait_ms)')
 end
-local now = now_of(now_arg)
-local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
-
-local level, ts, same, pend, noted, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
-capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
-local full = capacity * per
+local now, level, ts, same, pend, noted, held, adopted, full
+now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, full =
+  open_bucket(KEYS[1], capacity, rate, per, now_arg)
 if level == nil then level = full end
-local function reset_after_of(l)
-  if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
-end
-local function left(l) if l < 0 then return 0 end return idiv(l, per) end
+local function reset_after_of(l) return refill_ms(l, full, rate) end
+local function left(l) return whole_tokens(l, per) end
 
 if cost > capacity or (rate == 0 and level < cost * per) then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end

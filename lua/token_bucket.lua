@@ -48,24 +48,17 @@ if ban_key then ban_ms, now_arg = tonumber(ARGV[6]), 7 end
 if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or rate < 0 or per < 1 or min < 0 or max < min or (min == 0 and max > 0) or ban_ms < 0 then
   return redis.error_reply('ERR token_bucket: bad arguments (capacity, rate, per_ms, min, max)')
 end
-local now = now_of(now_arg)
-local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
-
-local level, ts, same, pend, noted, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
-capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
-local full = capacity * per
+local now, level, ts, same, pend, noted, held, adopted, full
+now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, full =
+  open_bucket(KEYS[1], capacity, rate, per, now_arg)
 if level == nil then level = full end
-
-local function reset_after_of(l)
-  if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
-end
-local function whole(l) if l < 0 then return 0 end return idiv(l, per) end -- remaining: 0 in debt
+local function reset_after_of(l) return refill_ms(l, full, rate) end
+local function whole(l) return whole_tokens(l, per) end -- remaining: 0 in debt
 local function at_least(reset, ms) if reset == -1 or reset >= ms then return reset end return ms end
 
 if ban_key then
-  local banned_until = tonumber(redis.call('GET', ban_key) or '0') or 0
-  if banned_until > now then
-    local left = banned_until - now
+  local left = ban_left(ban_key, now)
+  if left > 0 then
     if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
     return { 0, whole(level), left, at_least(reset_after_of(level), left) }
   end
@@ -93,7 +86,7 @@ end
 
 local reset_after = reset_after_of(level)
 if granted == 0 and ban_ms > 0 and not peek then
-  redis.call('SET', ban_key, int(now + ban_ms), 'PX', int(ban_ms))
+  ban(ban_key, now, ban_ms)
   retry_after = ban_ms
   reset_after = at_least(reset_after, ban_ms)
 end

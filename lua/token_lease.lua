@@ -66,18 +66,12 @@ if not (capacity and rate and per and min and max and batch and chunk and chunk_
   return redis.error_reply('ERR token_lease: bad arguments (capacity, rate, per_ms, min, max, batch, chunk, chunk_ms)')
 end
 local now_arg = 9
-local now = now_of(now_arg)
-local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
-
-local level, ts, same, pend, _, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
-capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
-local full = capacity * per
+local now, level, ts, same, pend, noted, held, adopted, full
+now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, full =
+  open_bucket(KEYS[1], capacity, rate, per, now_arg)
 if level == nil then level = full end
-
-local function reset_after_of(l)
-  if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
-end
-local function whole(l) if l < 0 then return 0 end return idiv(l, per) end -- remaining: 0 in debt
+local function reset_after_of(l) return refill_ms(l, full, rate) end
+local function whole(l) return whole_tokens(l, per) end -- remaining: 0 in debt
 
 local granted, retry_after = 0, 0
 local tokens = idiv(level, per)

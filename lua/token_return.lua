@@ -43,27 +43,18 @@ if not (capacity and rate and per and n and mark_ms and since) or capacity < 1 o
   return redis.error_reply('ERR token_return: bad arguments (capacity, rate, per_ms, tokens, [mark_ms, since])')
 end
 if mark_ms == 0 then mark_ms = 10000 end
-local now = now_of(now_arg)
-local adopted = tonumber(ARGV[now_arg + 1]) or 0 -- ms; 0: not said
-
 local mark = KEYS[2]
-local level, ts, _, pend, noted, force, held = load_bucket(KEYS[1], capacity, rate, per, adopted, now)
-capacity, rate, per, adopted = force[1], force[2], force[3], force[4] -- the hash's, when adopted later
-local full = capacity * per
+local now, level, ts, pend, noted, held, adopted, full, _
+now, level, ts, _, pend, noted, held, capacity, rate, per, adopted, full =
+  open_bucket(KEYS[1], capacity, rate, per, now_arg)
 local added = mark and tonumber(redis.call('GET', mark))
 if level == nil then
   -- Nothing to add to a full bucket; the mark still says so, or a retry after a take would add.
   if mark and not added then redis.call('SET', mark, '0', 'PX', int(mark_ms)) end
   return { added or 0, capacity, 0, 0 }
 end
-local function reply(accepted)
-  local reset_after = 0
-  if level < full then
-    if rate == 0 then reset_after = -1 else reset_after = cdiv(full - level, rate) end
-  end
-  local remaining = idiv(level, per)
-  if remaining < 0 then remaining = 0 end -- still in debt
-  return { accepted, remaining, 0, reset_after }
+local function reply(accepted) -- remaining: 0 still in debt
+  return { accepted, whole_tokens(level, per), 0, refill_ms(level, full, rate) }
 end
 if added then return reply(added) end -- applied already: nothing is written
 

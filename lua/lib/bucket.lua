@@ -117,6 +117,22 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
   if level > (capacity - pend - held) * per then level = (capacity - pend - held) * per end
   return level, ts, same, pend, noted, params, held
 end
+-- A token call's bucket: now (ARGV[now_arg], else TIME) and when the caller adopted its parameters (ARGV[now_arg + 1],
+-- ms since the Unix epoch; absent: 0), then load_bucket's level (nil: missing, so full), ts, same, pend, noted and
+-- held, and the parameters in force (the hash's, when adopted later), with full = capacity × per.
+local function open_bucket(key, capacity, rate, per, now_arg)
+  local now = now_of(now_arg)
+  local adopted = tonumber(ARGV[now_arg + 1]) or 0
+  local level, ts, same, pend, noted, force, held = load_bucket(key, capacity, rate, per, adopted, now)
+  capacity, rate, per, adopted = force[1], force[2], force[3], force[4]
+  return now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, capacity * per
+end
+-- ms until a level l (in 1/per tokens) is full again at rate units a ms; -1: never (rate 0).
+local function refill_ms(l, full, rate)
+  if l >= full then return 0 elseif rate == 0 then return -1 else return cdiv(full - l, rate) end
+end
+-- The whole tokens of a level l (in 1/per tokens): 0 in debt.
+local function whole_tokens(l, per) if l < 0 then return 0 end return idiv(l, per) end
 -- Stores the bucket with the parameters it is computed with and when they were adopted (0: not said), and with
 -- `pace` = { pend, pend_end } the tokens a paced lease left to release (token_lease.lua; pend_ts = ts), and its
 -- holds (HOLDS). A full bucket is deleted (it equals a missing key) unless paced; any other expires when it would

@@ -1,5 +1,5 @@
--- lib/common.lua — the integer helpers and the clock every script of lua/ uses: src/store/script.rs puts it in
--- front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+-- lib/common.lua — the integer helpers, the clock and the bans every script of lua/ uses: src/store/script.rs puts
+-- it in front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
@@ -14,5 +14,19 @@ local function now_of(arg)
   if now then return now end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+end
+-- The ban key ban_key holds the ms until which its key is banned: what is left of it at now (0: none).
+local function ban_left(ban_key, now)
+  local until_ms = tonumber(redis.call('GET', ban_key) or '0') or 0
+  if until_ms > now then return until_ms - now end
+  return 0
+end
+-- Bans ban_key's key for ban_ms from now.
+local function ban(ban_key, now, ban_ms) redis.call('SET', ban_key, int(now + ban_ms), 'PX', int(ban_ms)) end
+-- A window's refusal, count of limit used: { 0, left (0 when over), retry_after, reset_after }.
+local function refused(limit, count, retry_after, reset_after)
+  local left = limit - count
+  if left < 0 then left = 0 end
+  return { 0, left, retry_after, reset_after }
 end
 
