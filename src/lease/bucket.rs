@@ -58,9 +58,6 @@ pub(crate) struct LocalBucket {
     starved: AtomicBool,
     /// One lease in flight per key per process, or none ever again (retired).
     slot: AtomicSlot,
-    /// Made hot on a shared bucket the fleet spends, no lease sent yet: the first may wait
-    /// ([`Self::first_lease_wait`]).
-    measuring: AtomicBool,
     /// Last time a lease was started (for idle eviction).
     pub last_used_ns: AtomicU64,
     /// Wakes callers waiting on the lease in flight.
@@ -97,8 +94,7 @@ impl LocalBucket {
             full_at_ns: AtomicU64::new(0),
             low_watermark: AtomicU64::new(lease.min_batch / 4),
             starved: AtomicBool::new(false),
-            slot: AtomicSlot::new(),
-            measuring: AtomicBool::new(false),
+            slot: AtomicSlot::new(Slot::Idle),
             last_used_ns: AtomicU64::new(now_ns),
             notify: Notify::new(),
             reserve: Mutex::new(Reserve::Empty),
@@ -146,20 +142,21 @@ impl LocalBucket {
     /// measure the demand ([`Self::first_lease_wait`]).
     #[must_use]
     pub(crate) fn measuring(self) -> Self {
-        self.measuring.store(true, Ordering::Release);
+        self.slot.step(Slot::Idle, Slot::Measuring);
         self.lock().saturated = true;
         self
     }
 
-    /// Whether this bucket's first lease, about to be sent at `now_ns` in a fleet of `processes`, waits: when the
-    /// bucket was made hot on a shared bucket the fleet spends ([`Self::measuring`]) and the fleet's first turns,
+    /// Whether this bucket's first lease, about to be sent at `now_ns` in a fleet of `processes`, its slot claimed
+    /// `from` ([`Self::claim_lease`]), waits: when the bucket was made hot on a shared bucket the fleet spends
+    /// ([`Self::measuring`], the slot claimed from [`Slot::Measuring`]) and the fleet's first turns,
     /// spaced for a guessed `min_batch` each, would take longer than half a TTL to go round, the lease waits until
     /// half a TTL after the bucket was made, its callers refused locally meanwhile (as the fleet's turns would
     /// refuse them) while their decisions measure the demand. The turn the bucket hands it is then spaced for what
     /// it will spend, and the turns do not run together for the rest of the sale. A small fleet leases at once:
     /// its first turns go round within the wait. Returns when the lease may go (ns), `None` when it goes now.
-    pub(crate) fn first_lease_wait(&self, processes: u64, now_ns: u64) -> Option<u64> {
-        if !self.measuring.swap(false, Ordering::AcqRel) {
+    pub(crate) fn first_lease_wait(&self, from: Slot, processes: u64, now_ns: u64) -> Option<u64> {
+        if from != Slot::Measuring {
             return None;
         }
         if !large_fleet((&self.bucket, &self.lease), processes) {
@@ -237,9 +234,11 @@ impl LocalBucket {
         self.starved.store(true, Ordering::Relaxed);
     }
 
-    /// Claims the single lease slot of this key; `false` when a lease is already in flight.
-    pub(crate) fn claim_lease(&self) -> bool {
-        self.slot.load() == Slot::Idle && self.slot.step(Slot::Idle, Slot::Leasing)
+    /// Claims the single lease slot of this key: `Some` of the state it was claimed from ([`Slot::Measuring`]
+    /// before a first lease that may wait, [`Self::first_lease_wait`]), `None` when a lease is already in flight
+    /// or the bucket is retired.
+    pub(crate) fn claim_lease(&self) -> Option<Slot> {
+        self.slot.claim()
     }
 
     /// Releases the lease slot and wakes the waiters.

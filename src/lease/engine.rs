@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::bucket::{LocalBucket, Take, Unspent};
 use super::heat::FEWEST_TELLING;
 use super::reserve::{locked, Asked, Reserve};
+use super::wait::Slot;
 use crate::algorithm::TokenBucket;
 use crate::background::Background;
 use crate::clock::{duration, nanos, Clock, Recent};
@@ -311,18 +312,22 @@ impl Engine {
     /// Starts the key's lease in the background unless one is in flight; `false` when one already is, the
     /// bucket is retired or the limiter is shut down.
     pub(crate) fn start_lease(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, cost: u64) -> bool {
-        if self.background.is_closed() || !local.claim_lease() {
+        if self.background.is_closed() {
             return false;
         }
+        let Some(from) = local.claim_lease() else {
+            return false;
+        };
         let this = self.clone();
         let (compiled, local) = (compiled.clone(), local.clone());
         // A spawned task, so that a caller dropping its future never strands tokens granted mid-call.
         self.background
-            .spawn(async move { this.lease(&compiled, &local, cost).await });
+            .spawn(async move { this.lease(&compiled, &local, (cost, from)).await });
         true
     }
 
-    async fn lease(&self, compiled: &Compiled, local: &LocalBucket, cost: u64) {
+    /// The lease of `cost` (or more) tokens whose slot was claimed `from` ([`LocalBucket::claim_lease`]).
+    async fn lease(&self, compiled: &Compiled, local: &LocalBucket, (cost, from): (u64, Slot)) {
         /// Releases the key's lease slot however the lease ends (a cancelled task, a panicking store).
         struct Finish<'a>(&'a LocalBucket);
         impl Drop for Finish<'_> {
@@ -337,7 +342,7 @@ impl Engine {
         // answered: the fair share divides by `expected_processes`.
         let _ = self.fallback.fleet.join(&compiled.rule.name).await;
         if local
-            .first_lease_wait(self.fallback.processes(&compiled.rule.name), clock.now_ns())
+            .first_lease_wait(from, self.fallback.processes(&compiled.rule.name), clock.now_ns())
             .is_some()
         {
             return;

@@ -12,7 +12,7 @@ pub(crate) mod nearby;
 pub(crate) mod reserve;
 pub(crate) mod schedule;
 pub(crate) mod shards;
-mod wait;
+pub(crate) mod wait;
 
 // The hot path's races under the loom model checker: built only with `--cfg tokenlease_loom` (scripts/test.sh).
 #[cfg(all(test, tokenlease_loom))]

@@ -4,14 +4,15 @@
 //! - [`Wait`]: whether a caller who finds too few local tokens leases now, or is refused locally (the shared
 //!   bucket refused this process, handed it a turn, or will never have enough);
 //! - [`Backoff`]: whether the key's last lease failed, so that `fail_mode` decides instead of the store;
-//! - [`Slot`]: whether a lease of the key is in flight, or the bucket was retired for good.
+//! - [`Slot`]: whether a lease of the key is in flight, or the bucket was retired for good; and before its
+//!   first lease, whether that lease measures the demand first.
 //!
 //! ```text
 //!  Free ──refused, or granted with a turn or chunks to come──▶ Until { until }   ──until passed──▶ (as Free)
 //!  Free ──the bucket will never have enough (rate 0)─────────▶ Never { recheck } ──recheck passed──▶ (as Free)
 //!  Until ──half a batch expired unspent──▶ Free         Until ──the demand fell (sample)──▶ Until { last chunk }
 //!  None ──a lease failed──▶ Until { until, reason } ──a lease granted──▶ None     (Backoff; as None once passed)
-//!  Idle ──claimed──▶ Leasing ──the lease ended──▶ Idle;  any ──evicted, reloaded, shut down──▶ Retired (Slot)
+//!  Measuring, Idle ──claimed──▶ Leasing ──ended──▶ Idle;  any ──evicted, reloaded, shut down──▶ Retired (Slot)
 //! ```
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -89,6 +90,9 @@ pub(crate) enum Slot {
     /// Drained for good (evicted, its rule reloaded, the limiter shut down): no lease starts, and a grant that
     /// arrives is not added (its lease gives it back). A lease in flight when the bucket retired ends unseen.
     Retired = 2,
+    /// No lease sent yet, and the key was made hot on a shared bucket the fleet spends: its first lease may
+    /// wait to measure the demand (`LocalBucket::first_lease_wait`). Otherwise as [`Slot::Idle`].
+    Measuring = 3,
 }
 
 /// A [`Slot`] in one atomic byte, stepped by compare-and-swap.
@@ -96,14 +100,15 @@ pub(crate) enum Slot {
 pub(crate) struct AtomicSlot(AtomicU8);
 
 impl AtomicSlot {
-    pub(crate) fn new() -> Self {
-        Self(AtomicU8::new(Slot::Idle as u8))
+    pub(crate) fn new(slot: Slot) -> Self {
+        Self(AtomicU8::new(slot as u8))
     }
 
     pub(crate) fn load(&self) -> Slot {
         match self.0.load(Ordering::Acquire) {
             0 => Slot::Idle,
             1 => Slot::Leasing,
+            3 => Slot::Measuring,
             _ => Slot::Retired,
         }
     }
@@ -113,6 +118,14 @@ impl AtomicSlot {
         (self.0)
             .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+    }
+
+    /// Claims the slot for a lease: `Some` of the state it was claimed from ([`Slot::Idle`] or
+    /// [`Slot::Measuring`]), `None` when a lease is in flight or the slot is retired.
+    pub(crate) fn claim(&self) -> Option<Slot> {
+        [Slot::Idle, Slot::Measuring]
+            .into_iter()
+            .find(|&from| self.load() == from && self.step(from, Slot::Leasing))
     }
 
     /// Retires the slot, whatever it was.
@@ -227,9 +240,11 @@ mod tests {
 
     #[test]
     fn a_retired_slot_stays_retired_when_its_lease_ends() {
-        let slot = AtomicSlot::new();
-        assert!(slot.step(Slot::Idle, Slot::Leasing));
-        assert!(!slot.step(Slot::Idle, Slot::Leasing), "one lease at a time");
+        let slot = AtomicSlot::new(Slot::Measuring);
+        assert_eq!(slot.claim(), Some(Slot::Measuring), "claimed from where it was");
+        assert_eq!(slot.claim(), None, "one lease at a time");
+        assert!(slot.step(Slot::Leasing, Slot::Idle));
+        assert_eq!(slot.claim(), Some(Slot::Idle), "measured once");
         slot.retire();
         assert!(!slot.step(Slot::Leasing, Slot::Idle), "the lease ends unseen");
         assert_eq!(slot.load(), Slot::Retired);
