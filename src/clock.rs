@@ -364,21 +364,6 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The deadlines [`tagged`] keeps: 2^62 ns, 146 years after the clock's origin; later ones are kept as this.
-pub(crate) const TAGGED_NS: u64 = (1 << 62) - 1;
-
-/// A state's tag (0 to 3) and its deadline (ns on the hot path's clock) in one word, so that a state that
-/// outlives a call is read and stepped with one atomic access: the breaker's, a hot key's wait. A deadline past
-/// [`TAGGED_NS`] is kept as it ("never", in practice).
-pub(crate) fn tagged(tag: u8, deadline_ns: u64) -> u64 {
-    u64::from(tag & 3) << 62 | deadline_ns.min(TAGGED_NS)
-}
-
-/// The tag and deadline [`tagged`] put in `word`.
-pub(crate) fn untagged(word: u64) -> (u8, u64) {
-    ((word >> 62) as u8, word & TAGGED_NS)
-}
-
 /// The duration of `ns` nanoseconds: [`NEVER_NS`] is [`Duration::MAX`], "never".
 pub(crate) fn duration(ns: u64) -> Duration {
     if ns == NEVER_NS {

@@ -22,10 +22,11 @@ use super::book::{Batch, Book, Probe, Recent};
 use super::reserve::Reserve;
 use super::schedule::{large_fleet, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
-use super::wait::{Atomic, AtomicSlot, Backoff, Slot, Wait};
+use super::wait::{Backoff, Slot, Wait};
 use crate::algorithm::{Reply, TokenBucket};
 use crate::clock::{nanos, NEVER_NS};
 use crate::error::FailReason;
+use crate::packed::Atomic;
 use crate::rule::Lease;
 use crate::timings::Timings;
 
@@ -57,7 +58,7 @@ pub(crate) struct LocalBucket {
     /// A caller found too few tokens since the last lease (demand outran the batch).
     starved: AtomicBool,
     /// One lease in flight per key per process, or none ever again (retired).
-    slot: AtomicSlot,
+    slot: Atomic<Slot>,
     /// Last time a lease was started (for idle eviction).
     pub last_used_ns: AtomicU64,
     /// Wakes callers waiting on the lease in flight.
@@ -94,7 +95,7 @@ impl LocalBucket {
             full_at_ns: AtomicU64::new(0),
             low_watermark: AtomicU64::new(lease.min_batch / 4),
             starved: AtomicBool::new(false),
-            slot: AtomicSlot::new(Slot::Idle),
+            slot: Atomic::new(Slot::Idle),
             last_used_ns: AtomicU64::new(now_ns),
             notify: Notify::new(),
             reserve: Mutex::new(Reserve::Empty),
@@ -142,7 +143,7 @@ impl LocalBucket {
     /// measure the demand ([`Self::first_lease_wait`]).
     #[must_use]
     pub(crate) fn measuring(self) -> Self {
-        self.slot.step(Slot::Idle, Slot::Measuring);
+        self.slot.store(Slot::Measuring);
         self.lock().saturated = true;
         self
     }
@@ -238,12 +239,12 @@ impl LocalBucket {
     /// before a first lease that may wait, [`Self::first_lease_wait`]), `None` when a lease is already in flight
     /// or the bucket is retired.
     pub(crate) fn claim_lease(&self) -> Option<Slot> {
-        self.slot.claim()
+        self.slot.update(Slot::claimed)
     }
 
     /// Releases the lease slot and wakes the waiters.
     pub(crate) fn finish_lease(&self) {
-        self.slot.step(Slot::Leasing, Slot::Idle);
+        self.slot.update(|slot| (slot.ended(), ()));
         self.notify.notify_waiters();
     }
 
@@ -501,13 +502,13 @@ impl LocalBucket {
 
     /// Retires the bucket for good without taking its tokens: no decision or lease uses it again.
     pub(crate) fn retire(&self) {
-        self.slot.retire();
+        self.slot.store(Slot::Retired);
     }
 
     /// Takes every token, scheduled chunks included (shutdown, eviction), to be given back.
     pub(crate) fn drain(&self) -> Unspent {
         let mut book = self.lock();
-        self.slot.retire();
+        self.slot.store(Slot::Retired);
         Self::attribute(&mut book, self.tokens.total());
         let since = book.batches.iter().map(|b| b.stamp).min().unwrap_or(0);
         book.batches.clear();

@@ -1,5 +1,5 @@
-//! The two states of a hot key that its callers read on the hot path beside its tokens, each an enum kept in
-//! one atomic word ([`crate::clock::tagged`]), so that a reader never sees half of one change:
+//! The states of a hot key that its callers read beside its tokens, each an enum kept in one atomic word
+//! ([`crate::packed::Atomic`]), so that a reader never sees half of one change:
 //!
 //! - [`Wait`]: whether a caller who finds too few local tokens leases now, or is refused locally (the shared
 //!   bucket refused this process, handed it a turn, or will never have enough);
@@ -15,10 +15,8 @@
 //!  Measuring, Idle ──claimed──▶ Leasing ──ended──▶ Idle;  any ──evicted, reloaded, shut down──▶ Retired (Slot)
 //! ```
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-
-use crate::clock::{tagged, untagged, NEVER_NS};
 use crate::error::FailReason;
+use crate::packed::{tagged, untagged, Packed};
 
 /// Whether a hot key's caller who finds too few local tokens leases now, or is refused locally until when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,70 +79,36 @@ impl Backoff {
 
 /// A hot key's one lease slot: a process sends one lease per key at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub(crate) enum Slot {
     /// No lease in flight: the next caller below the watermark claims the slot.
-    Idle = 0,
+    Idle,
     /// A lease is in flight; its callers wait for it or are refused briefly.
-    Leasing = 1,
+    Leasing,
     /// Drained for good (evicted, its rule reloaded, the limiter shut down): no lease starts, and a grant that
     /// arrives is not added (its lease gives it back). A lease in flight when the bucket retired ends unseen.
-    Retired = 2,
+    Retired,
     /// No lease sent yet, and the key was made hot on a shared bucket the fleet spends: its first lease may
     /// wait to measure the demand (`LocalBucket::first_lease_wait`). Otherwise as [`Slot::Idle`].
-    Measuring = 3,
+    Measuring,
 }
 
-/// A [`Slot`] in one atomic byte, stepped by compare-and-swap.
-#[derive(Debug)]
-pub(crate) struct AtomicSlot(AtomicU8);
-
-impl AtomicSlot {
-    pub(crate) fn new(slot: Slot) -> Self {
-        Self(AtomicU8::new(slot as u8))
-    }
-
-    pub(crate) fn load(&self) -> Slot {
-        match self.0.load(Ordering::Acquire) {
-            0 => Slot::Idle,
-            1 => Slot::Leasing,
-            3 => Slot::Measuring,
-            _ => Slot::Retired,
+impl Slot {
+    /// A lease claims the slot: [`Slot::Leasing`], and `Some` of the state it was claimed from ([`Slot::Idle`]
+    /// or [`Slot::Measuring`]); `None`, unchanged, when a lease is in flight or the slot is retired.
+    pub(crate) fn claimed(self) -> (Self, Option<Self>) {
+        match self {
+            Self::Idle | Self::Measuring => (Self::Leasing, Some(self)),
+            Self::Leasing | Self::Retired => (self, None),
         }
     }
 
-    /// Steps `from` to `to`; `false`, changing nothing, when the slot was not `from`.
-    pub(crate) fn step(&self, from: Slot, to: Slot) -> bool {
-        (self.0)
-            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    /// The lease in flight ended: [`Slot::Idle`], unless the slot was retired meanwhile.
+    pub(crate) fn ended(self) -> Self {
+        match self {
+            Self::Leasing => Self::Idle,
+            other => other,
+        }
     }
-
-    /// Claims the slot for a lease: `Some` of the state it was claimed from ([`Slot::Idle`] or
-    /// [`Slot::Measuring`]), `None` when a lease is in flight or the slot is retired.
-    pub(crate) fn claim(&self) -> Option<Slot> {
-        [Slot::Idle, Slot::Measuring]
-            .into_iter()
-            .find(|&from| self.load() == from && self.step(from, Slot::Leasing))
-    }
-
-    /// Retires the slot, whatever it was.
-    pub(crate) fn retire(&self) {
-        self.0.store(Slot::Retired as u8, Ordering::Release);
-    }
-}
-
-/// One of the states above in an atomic word: stored with release, loaded with acquire ordering.
-#[derive(Debug)]
-pub(crate) struct Atomic<S> {
-    word: AtomicU64,
-    _state: std::marker::PhantomData<S>,
-}
-
-/// A state kept in one word.
-pub(crate) trait Packed: Copy {
-    fn pack(self) -> u64;
-    fn unpack(word: u64) -> Self;
 }
 
 impl Packed for Wait {
@@ -187,30 +151,32 @@ impl Packed for Backoff {
     }
 }
 
-impl<S: Packed> Atomic<S> {
-    pub(crate) fn new(state: S) -> Self {
-        Self {
-            word: AtomicU64::new(state.pack()),
-            _state: std::marker::PhantomData,
+impl Packed for Slot {
+    fn pack(self) -> u64 {
+        let tag = match self {
+            Self::Idle => 0,
+            Self::Leasing => 1,
+            Self::Retired => 2,
+            Self::Measuring => 3,
+        };
+        tagged(tag, 0)
+    }
+
+    fn unpack(word: u64) -> Self {
+        match untagged(word).0 {
+            0 => Self::Idle,
+            1 => Self::Leasing,
+            3 => Self::Measuring,
+            _ => Self::Retired,
         }
     }
-
-    #[inline]
-    pub(crate) fn load(&self) -> S {
-        S::unpack(self.word.load(Ordering::Acquire))
-    }
-
-    pub(crate) fn store(&self, state: S) {
-        self.word.store(state.pack(), Ordering::Release);
-    }
 }
-
-/// A wait "for ever" ([`NEVER_NS`]) is kept as the latest deadline one word holds: never reached.
-const _: () = assert!(crate::clock::TAGGED_NS < NEVER_NS);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::NEVER_NS;
+    use crate::packed::Atomic;
 
     #[test]
     fn each_state_reads_back_from_its_word() {
@@ -240,13 +206,20 @@ mod tests {
 
     #[test]
     fn a_retired_slot_stays_retired_when_its_lease_ends() {
-        let slot = AtomicSlot::new(Slot::Measuring);
-        assert_eq!(slot.claim(), Some(Slot::Measuring), "claimed from where it was");
-        assert_eq!(slot.claim(), None, "one lease at a time");
-        assert!(slot.step(Slot::Leasing, Slot::Idle));
-        assert_eq!(slot.claim(), Some(Slot::Idle), "measured once");
-        slot.retire();
-        assert!(!slot.step(Slot::Leasing, Slot::Idle), "the lease ends unseen");
-        assert_eq!(slot.load(), Slot::Retired);
+        let slot = Atomic::new(Slot::Measuring);
+        assert_eq!(
+            slot.update(Slot::claimed),
+            Some(Slot::Measuring),
+            "claimed from where it was"
+        );
+        assert_eq!(slot.update(Slot::claimed), None, "one lease at a time");
+        slot.update(|s| (s.ended(), ()));
+        assert_eq!(slot.update(Slot::claimed), Some(Slot::Idle), "measured once");
+        slot.store(Slot::Retired);
+        slot.update(|s| (s.ended(), ()));
+        assert_eq!(slot.load(), Slot::Retired, "the lease ends unseen");
+        for state in [Slot::Idle, Slot::Leasing, Slot::Retired, Slot::Measuring] {
+            assert_eq!(Slot::unpack(state.pack()), state);
+        }
     }
 }

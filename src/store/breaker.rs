@@ -13,10 +13,10 @@
 //!    └──────────────────────────────────────── an answer ─────────────────────────────────┘
 //! ```
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::clock::{nanos, tagged, untagged};
+use crate::clock::nanos;
+use crate::packed::{tagged, untagged, Atomic, Packed};
 
 /// The breaker's state. Every store call asks it ([`Event::Call`]) and tells it how it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,8 +84,7 @@ impl State {
     }
 }
 
-impl State {
-    /// The state as one word ([`tagged`]), so that callers step it with a compare-and-swap.
+impl Packed for State {
     fn pack(self) -> u64 {
         match self {
             Self::Closed { failures } => tagged(0, u64::from(failures)),
@@ -94,7 +93,6 @@ impl State {
         }
     }
 
-    /// The state [`State::pack`] made `word` of.
     fn unpack(word: u64) -> Self {
         match untagged(word) {
             (0, failures) => Self::Closed {
@@ -106,12 +104,12 @@ impl State {
     }
 }
 
-/// A breaker shared by a store's callers, lock-free: its [`State`] packed in one word, stepped by
+/// A breaker shared by a store's callers, lock-free: its [`State`] in one atomic word, stepped by
 /// compare-and-swap.
 #[derive(Debug)]
 pub(crate) struct Breaker {
     trip: Trip,
-    state: AtomicU64,
+    state: Atomic<State>,
 }
 
 impl Breaker {
@@ -122,27 +120,13 @@ impl Breaker {
                 failures: failures.max(1),
                 open_for_ns: nanos(open_for),
             },
-            state: AtomicU64::new(State::Closed { failures: 0 }.pack()),
+            state: Atomic::new(State::Closed { failures: 0 }),
         }
     }
 
     /// Steps the state by `event` at `now_ns`.
     fn step(&self, event: Event, now_ns: u64) -> Admit {
-        let mut word = self.state.load(Ordering::Acquire);
-        loop {
-            let (next, admit) = State::unpack(word).step(event, self.trip, now_ns);
-            let next = next.pack();
-            if next == word {
-                return admit;
-            }
-            match self
-                .state
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return admit,
-                Err(now) => word = now,
-            }
-        }
+        self.state.update(|state| state.step(event, self.trip, now_ns))
     }
 
     /// Whether a call may go to the store at `now_ns`.
@@ -164,7 +148,7 @@ impl Breaker {
 
     /// Whether the breaker is open (or half-open) now.
     pub(crate) fn is_open(&self) -> bool {
-        !matches!(State::unpack(self.state.load(Ordering::Acquire)), State::Closed { .. })
+        !matches!(self.state.load(), State::Closed { .. })
     }
 }
 
