@@ -1,3 +1,38 @@
+-- lua/fixed_window.lua: GENERATED from lua/lib/common.lua and lua/src/fixed_window.lua,
+-- whose header (below the libraries) describes KEYS, ARGV and the reply. Edit those files, then run
+-- `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files`. Load this file as it is (EVAL or SCRIPT LOAD).
+-- lib/common.lua — the integer helpers, the clock and the bans every script of lua/ uses: src/store/script.rs puts
+-- it in front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+
+local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
+local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+-- ms: ARGV[arg] when the caller passed now_ms there (tests replay sequences), else the Redis server's TIME.
+local function now_of(arg)
+  local now = tonumber(ARGV[arg])
+  if now then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+end
+-- The ban key ban_key holds the ms until which its key is banned: what is left of it at now (0: none).
+local function ban_left(ban_key, now)
+  local until_ms = tonumber(redis.call('GET', ban_key) or '0') or 0
+  if until_ms > now then return until_ms - now end
+  return 0
+end
+-- Bans ban_key's key for ban_ms from now.
+local function ban(ban_key, now, ban_ms) redis.call('SET', ban_key, int(now + ban_ms), 'PX', int(ban_ms)) end
+-- A window's refusal, count of limit used: { 0, left (0 when over), retry_after, reset_after }.
+local function refused(limit, count, retry_after, reset_after)
+  local left = limit - count
+  if left < 0 then left = 0 end
+  return { 0, left, retry_after, reset_after }
+end
+
 -- fixed_window.lua — fixed window counter: at most `limit` tokens per window; rolling or calendar-aligned.
 -- The per-user INCR + EXPIRE counter of community sites (posts, comments, likes per window) and a daily upload
 -- quota reset at local midnight, with the window start kept as a timestamp so replays with now_ms work, and a

@@ -153,7 +153,7 @@ mod tests {
             assert!(t.mark >= Timings::GIVE_BACK_MARK);
         }
         // token_return.lua keeps the mark this long when the caller does not say (other languages).
-        let script = include_str!("../lua/token_return.lua");
+        let script = include_str!("../lua/src/token_return.lua");
         let default = format!("mark_ms = {}", Timings::GIVE_BACK_MARK.as_millis());
         assert_eq!(
             script.matches(&default).count(),

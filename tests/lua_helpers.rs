@@ -1,6 +1,6 @@
-//! The scripts of `lua/` share their helpers from one source: `lua/lib/common.lua` (the integer helpers and the
-//! clock) goes in front of every script and `lua/lib/bucket.lua` (the token bucket's hash) in front of every token
-//! script (`src/store/script.rs`). These tests fail when a script defines again what a library holds, calls a
+//! The scripts' own parts, `lua/src/`, share their helpers from one source: `lua/lib/common.lua` (the integer
+//! helpers and the clock) goes in front of every script and `lua/lib/bucket.lua` (the token bucket's hash) in front
+//! of every token script (`src/store/script.rs`, which also writes the assembled `lua/NAME.lua`). These tests fail when a script defines again what a library holds, calls a
 //! library it is not assembled with, reads the clock another way, or cites a file that does not exist. Reads the
 //! scripts from the source tree; needs no Redis.
 
@@ -40,11 +40,11 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every `lua/*.lua` as (file name, text), sorted by name.
+/// Every `lua/src/*.lua` (a script's own part) as (file name, text), sorted by name.
 fn scripts() -> Vec<(String, String)> {
-    let mut scripts: Vec<(String, String)> = fs::read_dir(root().join("lua"))
-        .expect("lua/ is readable")
-        .map(|entry| entry.expect("lua/ entry").path())
+    let mut scripts: Vec<(String, String)> = fs::read_dir(root().join("lua/src"))
+        .expect("lua/src/ is readable")
+        .map(|entry| entry.expect("lua/src/ entry").path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "lua"))
         .map(|path| {
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -55,7 +55,7 @@ fn scripts() -> Vec<(String, String)> {
     scripts.sort();
     assert!(
         scripts.len() >= 8,
-        "expected the 8 scripts of lua/, found {}",
+        "expected the 8 scripts of lua/src/, found {}",
         scripts.len()
     );
     scripts
@@ -148,7 +148,7 @@ fn each_helper_is_defined_once_in_its_library() {
             for name in names {
                 if let Some((line, _)) = definition(&script, &text, name) {
                     failures.push(format!(
-                        "lua/{script}:{}: defines {name} again; lua/lib/{lib} holds it",
+                        "lua/src/{script}:{}: defines {name} again; lua/lib/{lib} holds it",
                         line + 1
                     ));
                 }
@@ -167,7 +167,7 @@ fn a_script_calls_only_the_libraries_it_is_put_behind() {
             for name in names.iter().filter(|name| calls(&lines, name)) {
                 if !put_in_front(&script) {
                     failures.push(format!(
-                        "lua/{script} calls {name} of lua/lib/{lib}, which src/store/script.rs does not put in \
+                        "lua/src/{script} calls {name} of lua/lib/{lib}, which src/store/script.rs does not put in \
                          front of it"
                     ));
                 }
@@ -190,7 +190,7 @@ fn the_clock_is_read_in_one_place() {
         let lines: Vec<&str> = text.lines().collect();
         if text.contains("redis.call('TIME')") {
             failures.push(format!(
-                "lua/{script} calls TIME; now_of (lua/lib/common.lua) reads the clock"
+                "lua/src/{script} calls TIME; now_of (lua/lib/common.lua) reads the clock"
             ));
         }
         // A token script reads it through open_bucket (lua/lib/bucket.lua), with the same argument.
@@ -198,20 +198,20 @@ fn the_clock_is_read_in_one_place() {
         let Some(start) = (lines.iter()).position(|l| l.starts_with("local now =") || *l == through_bucket) else {
             // A script that never reads the time (`reset.lua`) takes no `now_ms`.
             if text.contains("now_ms") || calls(&lines, "now_of") {
-                failures.push(format!("lua/{script} has no `local now = now_of(now_arg)`"));
+                failures.push(format!("lua/src/{script} has no `local now = now_of(now_arg)`"));
             }
             continue;
         };
         if lines[start] != "local now = now_of(now_arg)" && lines[start] != through_bucket {
             failures.push(format!(
-                "lua/{script}:{}: the clock is read as `local now = now_of(now_arg)` or by open_bucket",
+                "lua/src/{script}:{}: the clock is read as `local now = now_of(now_arg)` or by open_bucket",
                 start + 1
             ));
         }
         // The argument index is the one difference: `local now_arg = N`, before it, N a header's now_ms.
         match lines[..start].iter().find_map(|l| l.strip_prefix("local now_arg = ")) {
             None => failures.push(format!(
-                "lua/{script} has no `local now_arg = N` before reading the clock"
+                "lua/src/{script} has no `local now_arg = N` before reading the clock"
             )),
             Some(n) => {
                 let cited = format!("-- ARGV[{}]", n.trim());
@@ -220,7 +220,7 @@ fn the_clock_is_read_in_one_place() {
                     .any(|l| l.starts_with(&cited) && l.contains("now_ms"));
                 if !in_header {
                     failures.push(format!(
-                        "lua/{script}: now_arg = {n} but the header has no `{cited}  now_ms`"
+                        "lua/src/{script}: now_arg = {n} but the header has no `{cited}  now_ms`"
                     ));
                 }
             }
@@ -245,7 +245,7 @@ fn token_scripts_read_convert_and_store_the_bucket_alike() {
     let all = scripts();
     for script in TOKEN_SCRIPTS {
         let Some((_, t)) = all.iter().find(|(n, _)| n == script) else {
-            failures.push(format!("lua/{script} is missing"));
+            failures.push(format!("lua/src/{script} is missing"));
             continue;
         };
         // The bucket's fields are written by save_bucket alone, its notes of room by note_room (and their rooms by
@@ -258,7 +258,7 @@ fn token_scripts_read_convert_and_store_the_bucket_alike() {
             .count();
         if other_writes != 0 || !t.contains("save_bucket(KEYS[1]") || !t.contains("open_bucket(KEYS[1]") {
             failures.push(format!(
-                "lua/{script} must read the bucket with open_bucket and write it only with save_bucket"
+                "lua/src/{script} must read the bucket with open_bucket and write it only with save_bucket"
             ));
         }
     }
@@ -274,7 +274,7 @@ fn no_math_floor_outside_idiv() {
             let inside_idiv = idiv.as_ref().is_some_and(|lines| lines.contains(&i));
             if !inside_idiv && code(line).contains("math.floor(") {
                 failures.push(format!(
-                    "lua/{script}:{}: math.floor outside idiv (use idiv): {line}",
+                    "lua/src/{script}:{}: math.floor outside idiv (use idiv): {line}",
                     i + 1
                 ));
             }
@@ -291,7 +291,7 @@ fn headers_name_keys_argv_reply_and_cite_files_that_exist() {
         let joined = head.join("\n");
         for needed in ["KEYS[1]", "ARGV[1]", "Reply"] {
             if !joined.contains(needed) {
-                failures.push(format!("lua/{script}: the header does not name {needed}"));
+                failures.push(format!("lua/src/{script}: the header does not name {needed}"));
             }
         }
         // Every KEYS[n] and ARGV[n] the code uses is described in the header.
@@ -302,14 +302,18 @@ fn headers_name_keys_argv_reply_and_cite_files_that_exist() {
                     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
                     let used = format!("{table}{digits}]");
                     if !digits.is_empty() && !joined.contains(&used) {
-                        failures.push(format!("lua/{script}: uses {used}, which its header does not describe"));
+                        failures.push(format!(
+                            "lua/src/{script}: uses {used}, which its header does not describe"
+                        ));
                     }
                 }
             }
         }
         for path in cited_paths(&joined) {
             if !root().join(&path).exists() && !WRITTEN_ELSEWHERE.contains(&path.as_str()) {
-                failures.push(format!("lua/{script}: the header cites {path}, which does not exist"));
+                failures.push(format!(
+                    "lua/src/{script}: the header cites {path}, which does not exist"
+                ));
             }
         }
     }

@@ -1,23 +1,45 @@
 //! The scripts of `lua/`: their names (the `script` metric label) and their source, loaded once per server
 //! (`redis.rs`) and mirrored by the in-process store (`memory.rs`).
+//!
+//! One source: a script's own part is `lua/src/NAME.lua`, what the scripts share is `lua/lib/`. Each is assembled
+//! here at build time, and the same text is written to `lua/NAME.lua` for services in other languages, which load
+//! it as it is (`EVAL`, `SCRIPT LOAD`: the same SHA as this crate's). A test fails when those files are stale.
 
-/// `lua/NAME.lua` after `lua/lib/common.lua`.
-macro_rules! script {
-    ($name:literal) => {
+/// The line a standalone script of `lua/` opens with.
+macro_rules! generated {
+    ($name:literal, $libs:literal) => {
         concat!(
-            include_str!("../../lua/lib/common.lua"),
-            include_str!(concat!("../../lua/", $name, ".lua"))
+            "-- lua/",
+            $name,
+            ".lua: GENERATED from ",
+            $libs,
+            " and lua/src/",
+            $name,
+            ".lua,\n-- whose header (below the libraries) describes KEYS, ARGV and the reply. Edit those files, then run\n",
+            "-- `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files`. Load this file as it is (EVAL or SCRIPT LOAD).\n"
         )
     };
 }
 
-/// A token script, `lua/NAME.lua`, after `lua/lib/common.lua` and `lua/lib/bucket.lua`.
+/// `lua/src/NAME.lua` after `lua/lib/common.lua`.
+macro_rules! script {
+    ($name:literal) => {
+        concat!(
+            generated!($name, "lua/lib/common.lua"),
+            include_str!("../../lua/lib/common.lua"),
+            include_str!(concat!("../../lua/src/", $name, ".lua"))
+        )
+    };
+}
+
+/// A token script, `lua/src/NAME.lua`, after `lua/lib/common.lua` and `lua/lib/bucket.lua`.
 macro_rules! bucket_script {
     ($name:literal) => {
         concat!(
+            generated!($name, "lua/lib/common.lua, lua/lib/bucket.lua"),
             include_str!("../../lua/lib/common.lua"),
             include_str!("../../lua/lib/bucket.lua"),
-            include_str!(concat!("../../lua/", $name, ".lua"))
+            include_str!(concat!("../../lua/src/", $name, ".lua"))
         )
     };
 }
@@ -71,9 +93,10 @@ impl Script {
         }
     }
 
-    /// The script's source text: `lua/lib/common.lua` (the integer helpers and the clock), for a token script
-    /// `lua/lib/bucket.lua` (the bucket's hash), then `lua/NAME.lua`. Redis runs each script on its own, so
-    /// what they share is put in front of each rather than loaded once.
+    /// The script's source text, as `lua/NAME.lua` holds it: a line saying so, `lua/lib/common.lua` (the integer
+    /// helpers and the clock), for a token script `lua/lib/bucket.lua` (the bucket's hash), then
+    /// `lua/src/NAME.lua`. Redis runs each script on its own, so what they share is put in front of each rather
+    /// than loaded once.
     pub(crate) fn source(self) -> &'static str {
         match self {
             Self::TokenBucket => bucket_script!("token_bucket"),
@@ -87,6 +110,67 @@ impl Script {
             Self::Reset => script!("reset"),
             Self::Fleet => script!("fleet"),
             Self::TokenLease => bucket_script!("token_lease"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::Script;
+
+    /// `lua/NAME.lua`, the standalone script other languages load.
+    fn standalone(script: Script) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("lua/{}.lua", script.name()))
+    }
+
+    /// Every `lua/NAME.lua` is the script this crate runs, to the byte; with `TOKENLEASE_WRITE_LUA=1` the test
+    /// writes them instead (after an edit of `lua/src/` or `lua/lib/`).
+    #[test]
+    fn lua_files_are_the_scripts_this_crate_runs() {
+        let write = std::env::var_os("TOKENLEASE_WRITE_LUA").is_some_and(|v| v == "1");
+        let mut stale = Vec::new();
+        for script in Script::ALL {
+            let path = standalone(script);
+            if write {
+                std::fs::write(&path, script.source()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            } else if std::fs::read_to_string(&path).ok().as_deref() != Some(script.source()) {
+                stale.push(path.display().to_string());
+            }
+        }
+        assert!(
+            stale.is_empty(),
+            "stale or missing: {stale:?}; run `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files` and commit them"
+        );
+        // Nothing else in lua/ but the scripts, lib/ and src/.
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        let mut expected: Vec<String> = Script::ALL.iter().map(|s| format!("{}.lua", s.name())).collect();
+        expected.extend(["lib".to_string(), "src".to_string()]);
+        expected.sort();
+        assert_eq!(names, expected, "lua/ holds the generated scripts, lib/ and src/ only");
+    }
+
+    /// Each script's own part is in `lua/src/`, named as the script.
+    #[test]
+    fn every_script_has_its_source() {
+        for script in Script::ALL {
+            let own = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("lua/src/{}.lua", script.name()));
+            let text = std::fs::read_to_string(&own).unwrap_or_else(|e| panic!("{}: {e}", own.display()));
+            assert!(
+                script.source().ends_with(&text),
+                "{} does not end with {}",
+                script.name(),
+                own.display()
+            );
         }
     }
 }
