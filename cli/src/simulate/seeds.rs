@@ -202,12 +202,12 @@ pub(super) fn run_range(
         }
     }
     for run in &slow {
-        if json {
-            print(run, true);
-        } else {
+        // Run again with its worst window found (the search skips it where no window went over).
+        let run = run_one(&run.scenario, true)?;
+        if !json {
             println!("SOLD UNDER {:.0} % AFTER HEALING:", min_sell * 100.0);
-            print(run, false);
         }
+        print(&run, json);
     }
     let mut sold: Vec<(f64, u64, &str)> = runs
         .iter()
