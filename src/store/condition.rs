@@ -8,7 +8,7 @@
 //! `AuthenticationFailed`), never the other way, so the log does not flap between them; the hot path of a store
 //! that answers costs one atomic load.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::error::{StoreError, StoreErrorKind};
@@ -87,25 +87,57 @@ impl Cause {
     }
 }
 
-// 0: not known yet.
-const ANSWERING: u8 = 1;
-const FAILING: u8 = 2;
-
-/// The store's condition as last told, and the cause of its failing.
-#[derive(Debug, Default)]
-pub(crate) struct Condition {
-    /// 0 (not known yet), [`ANSWERING`] or [`FAILING`].
-    state: AtomicU8,
-    /// The cause told while failing, and the server last connected to (for the log).
-    told: Mutex<Told>,
-    /// The store is reached over TLS (`rediss://`).
-    tls: AtomicBool,
+/// The store's condition as last told to the operator, stepped by [`Told::step`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Told {
+    /// Nothing told yet: no call or connection has ended.
+    #[default]
+    Unknown,
+    /// It answers.
+    Answering,
+    /// It fails, for this cause.
+    Failing(Cause),
 }
 
+/// What happened to a call or a connection check of the store.
+#[derive(Debug)]
+enum Event {
+    Answered,
+    Failed(Cause),
+}
+
+/// What to log after a step.
+#[derive(Debug, PartialEq, Eq)]
+enum Log {
+    /// It answers again after failing.
+    AnswersAgain,
+    /// It fails, for a cause not told yet (the first, or a more telling one).
+    Fails,
+}
+
+impl Told {
+    /// The condition after `event`, and what to log. A failure replaces a vaguer cause, never a more telling
+    /// one, so the log does not flap between a call's timeout and the connection's reason.
+    fn step(self, event: Event) -> (Self, Option<Log>) {
+        match (self, event) {
+            (Self::Failing(_), Event::Answered) => (Self::Answering, Some(Log::AnswersAgain)),
+            (_, Event::Answered) => (Self::Answering, None),
+            (Self::Failing(told), Event::Failed(new)) if told >= new => (Self::Failing(told), None),
+            (_, Event::Failed(new)) => (Self::Failing(new), Some(Log::Fails)),
+        }
+    }
+}
+
+/// The store's condition as last told, and the server it was told of.
 #[derive(Debug, Default)]
-struct Told {
-    cause: Option<Cause>,
-    server: String,
+pub(crate) struct Condition {
+    /// The condition and the server last connected to (for the log).
+    told: Mutex<(Told, String)>,
+    /// Whether `told` is [`Told::Answering`], written under its lock: the hot path of a store that answers reads
+    /// only this.
+    answering: AtomicBool,
+    /// The store is reached over TLS (`rediss://`).
+    tls: AtomicBool,
 }
 
 impl Condition {
@@ -113,47 +145,52 @@ impl Condition {
     /// then be a handshake that never completes.
     pub(crate) fn connecting(&self, server: &str, tls: bool) {
         self.tls.store(tls, Ordering::Relaxed);
-        server.clone_into(&mut self.lock().server);
+        server.clone_into(&mut self.lock().1);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Told> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Told, String)> {
         self.told.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The store answered.
     #[inline]
     pub(crate) fn answered(&self) {
-        if self.state.load(Ordering::Acquire) == ANSWERING {
+        if self.answering.load(Ordering::Acquire) {
             return;
         }
-        let mut told = self.lock();
-        if self.state.swap(ANSWERING, Ordering::AcqRel) == FAILING {
-            let server = &told.server;
-            tracing::warn!(%server, "the Redis store answers again: decisions come from it, not from fail_mode");
-        }
-        told.cause = None;
+        self.step(Event::Answered);
     }
 
     /// The store failed with `error`. Logs at WARN when it answered before (or never did), or when the cause is
     /// more telling than the one told. A call's own error (a script's bad arguments) is not the store's: ignored.
     pub(crate) fn failed(&self, error: &StoreError) {
-        let new = Cause::of(error);
-        if error.kind == StoreErrorKind::Other && matches!(new, Cause::Other(_)) {
+        let cause = Cause::of(error);
+        if error.kind == StoreErrorKind::Other && matches!(cause, Cause::Other(_)) {
             return;
         }
+        self.step(Event::Failed(cause));
+    }
+
+    /// Steps the condition by `event` under its lock and logs what changed.
+    fn step(&self, event: Event) {
         let mut told = self.lock();
-        let state = self.state.load(Ordering::Acquire);
-        if state == FAILING && told.cause.as_ref().is_some_and(|cause| *cause >= new) {
-            return;
+        let (state, server) = &mut *told;
+        let (next, log) = std::mem::take(state).step(event);
+        self.answering.store(next == Told::Answering, Ordering::Release);
+        match (&next, log) {
+            (_, Some(Log::AnswersAgain)) => {
+                tracing::warn!(%server, "the Redis store answers again: decisions come from it, not from fail_mode");
+            }
+            (Told::Failing(cause), Some(Log::Fails)) => {
+                let words = cause.words(self.tls.load(Ordering::Relaxed));
+                tracing::warn!(
+                    %server,
+                    "the Redis store cannot be used: {words}; decisions follow fail_mode until it answers (see /readyz)"
+                );
+            }
+            _ => {}
         }
-        let words = new.words(self.tls.load(Ordering::Relaxed));
-        let server = &told.server;
-        tracing::warn!(
-            %server,
-            "the Redis store cannot be used: {words}; decisions follow fail_mode until it answers (see /readyz)"
-        );
-        told.cause = Some(new);
-        self.state.store(FAILING, Ordering::Release);
+        *state = next;
     }
 }
 
@@ -195,6 +232,48 @@ mod tests {
     }
 
     #[test]
+    fn the_condition_steps_by_answers_and_failures() {
+        let timeout = || Cause::Timeout("no answer within 50ms".into());
+        let auth = || Cause::Auth("AuthenticationFailed".into());
+        let failed = |c| Event::Failed(c);
+        // state x event -> state, log
+        let table = [
+            (Told::Unknown, Event::Answered, Told::Answering, None),
+            (
+                Told::Unknown,
+                failed(timeout()),
+                Told::Failing(timeout()),
+                Some(Log::Fails),
+            ),
+            (Told::Answering, Event::Answered, Told::Answering, None),
+            (
+                Told::Answering,
+                failed(timeout()),
+                Told::Failing(timeout()),
+                Some(Log::Fails),
+            ),
+            (
+                Told::Failing(timeout()),
+                Event::Answered,
+                Told::Answering,
+                Some(Log::AnswersAgain),
+            ),
+            (
+                Told::Failing(timeout()),
+                failed(auth()),
+                Told::Failing(auth()),
+                Some(Log::Fails),
+            ),
+            (Told::Failing(auth()), failed(timeout()), Told::Failing(auth()), None),
+            (Told::Failing(auth()), failed(auth()), Told::Failing(auth()), None),
+        ];
+        for (from, event, to, log) in table {
+            let said = format!("{from:?} + {event:?}");
+            assert_eq!(from.step(event), (to, log), "{said}");
+        }
+    }
+
+    #[test]
     fn a_more_telling_cause_replaces_a_vaguer_one_never_the_reverse() {
         let condition = Condition::default();
         let timeout = error(StoreErrorKind::Timeout, "no answer within 50ms");
@@ -203,21 +282,23 @@ mod tests {
         condition.failed(&auth);
         condition.failed(&timeout);
         assert!(
-            matches!(condition.lock().cause, Some(Cause::Auth(_))),
+            matches!(condition.lock().0, Told::Failing(Cause::Auth(_))),
             "{:?}",
             condition.lock()
         );
         condition.answered();
-        assert_eq!(condition.state.load(Ordering::Acquire), ANSWERING);
+        assert_eq!(condition.lock().0, Told::Answering);
+        assert!(condition.answering.load(Ordering::Acquire));
         condition.failed(&timeout);
         assert!(
-            matches!(condition.lock().cause, Some(Cause::Timeout(_))),
+            matches!(condition.lock().0, Told::Failing(Cause::Timeout(_))),
             "{:?}",
             condition.lock()
         );
+        assert!(!condition.answering.load(Ordering::Acquire));
         // A script's own error is not the store's.
         condition.answered();
         condition.failed(&error(StoreErrorKind::Other, "ERR token_bucket: bad arguments"));
-        assert_eq!(condition.state.load(Ordering::Acquire), ANSWERING);
+        assert_eq!(condition.lock().0, Told::Answering);
     }
 }
