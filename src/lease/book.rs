@@ -58,12 +58,10 @@ pub(super) struct Book {
     /// The adaptive batch size, in tokens.
     pub(super) batch: u64,
     /// The shared bucket is saturated: the last lease was handed a turn (`token_lease.lua`) or left less than a
-    /// batch behind.
+    /// batch behind, or a decision was refused.
     pub(super) saturated: bool,
-    /// Monotonic ns of the turn the shared bucket handed with the last grant: no lease before it (0: none).
-    pub(super) turn_at_ns: u64,
-    /// Probing after a wait lifted by a fall in the demand ([`super::bucket::LocalBucket::sample`]).
-    pub(super) probe: Option<Probe>,
+    /// The key's turn on the saturated shared bucket.
+    pub(super) turn: Turn,
     /// When the last lease was sent, and the decisions counted by then.
     pub(super) last_lease_ns: u64,
     pub(super) decisions_at_lease: u64,
@@ -76,15 +74,6 @@ pub(super) struct Book {
     /// When the sweeper last measured the key's heat, and the decisions counted by then.
     pub(super) heat_at_ns: u64,
     pub(super) decisions_at_heat: u64,
-}
-
-impl Book {
-    /// Whether the next lease is a probe after a lifted wait ([`super::bucket::LocalBucket::sample`]): it asks for
-    /// no turn, so that a refusal does not push the fleet's queue of turns back, and waits for the kept turn if
-    /// refused.
-    pub(super) fn probing(&self, now_ns: u64) -> bool {
-        self.probe.is_some_and(|p| p.kept_turn_ns > now_ns)
-    }
 }
 
 /// The decisions a key's demand at its last lease must have brought over the last samples, for a fall to half of
@@ -129,14 +118,160 @@ impl Recent {
     }
 }
 
-/// A key probing the shared bucket after its wait for a turn was lifted by a fall in its demand: its leases ask
-/// for no turn, so that a refusal does not push the fleet's queue of turns back; a refused one waits `backoff`
-/// (doubled each time, from one TTL) and probes again, and waits for the kept turn once the next probe would
-/// come after it.
+/// A key's turn on a saturated shared bucket (`token_lease.lua`, invariant 18), stepped by [`Turn::step`]:
+///
+/// | from | event | to |
+/// | --- | --- | --- |
+/// | any | `Granted { turn_ns: 0 }` | `None` |
+/// | any | `Granted { turn_ns }` | `Handed { turn_ns }` |
+/// | `Handed` | `Outran` | `None` |
+/// | `None`, `Handed` | `Fell` | `Probing` |
+/// | `Probing` | `StoreRefused`, the next probe at or after the kept turn | `None` (it waits for the kept turn) |
+/// | `Probing` | `StoreRefused` before | `Probing`, the back-off doubled |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Turn {
+    /// No turn to wait for: the next lease goes when the tokens run low.
+    #[default]
+    None,
+    /// Handed a turn with the last grant: no lease before `turn_ns` (monotonic ns).
+    Handed { turn_ns: u64 },
+    /// The wait for a turn lifted by a fall in the demand ([`super::bucket::LocalBucket::sample`]): its leases
+    /// ask for no turn, so that a refusal does not push the fleet's queue of turns back; a refused one waits
+    /// `backoff_ns` (doubled each time, from one TTL) and probes again, and waits for the kept turn once the next
+    /// probe would come after it.
+    Probing { kept_turn_ns: u64, backoff_ns: u64 },
+}
+
+/// What happens to a key's turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Probe {
-    /// Monotonic ns of the turn the lifted wait would have ended at.
-    pub(super) kept_turn_ns: u64,
-    /// The wait after the next refusal, ns.
-    pub(super) backoff_ns: u64,
+pub(super) enum TurnEvent {
+    /// A lease was granted, handed a turn at `turn_ns` (0: none).
+    Granted { turn_ns: u64 },
+    /// A lease was refused at `now_ns`, told to come back after `retry_after_ns` (not "never").
+    StoreRefused { retry_after_ns: u64, now_ns: u64 },
+    /// Half a batch or more expired unspent: the demand was outrun, and the turn's premise (the fleet spends the
+    /// bucket) with it.
+    Outran,
+    /// The demand fell under half while waiting for the turn `kept_turn_ns`; a refused probe backs off
+    /// `backoff_ns` first.
+    Fell { kept_turn_ns: u64, backoff_ns: u64 },
+}
+
+impl Turn {
+    /// The turn after `event`, and, for [`TurnEvent::StoreRefused`] while probing, how long to wait instead of
+    /// the refusal's `retry_after` (ns): the probe's back-off, or the kept turn once the next probe would come
+    /// after it.
+    pub(super) fn step(self, event: TurnEvent) -> (Self, Option<u64>) {
+        match (self, event) {
+            (_, TurnEvent::Granted { turn_ns: 0 }) | (Self::Handed { .. }, TurnEvent::Outran) => (Self::None, None),
+            (_, TurnEvent::Granted { turn_ns }) => (Self::Handed { turn_ns }, None),
+            (
+                _,
+                TurnEvent::Fell {
+                    kept_turn_ns,
+                    backoff_ns,
+                },
+            ) => (
+                Self::Probing {
+                    kept_turn_ns,
+                    backoff_ns,
+                },
+                None,
+            ),
+            (
+                Self::Probing {
+                    kept_turn_ns,
+                    backoff_ns,
+                },
+                TurnEvent::StoreRefused { retry_after_ns, now_ns },
+            ) => {
+                let backoff = retry_after_ns.max(backoff_ns);
+                let kept = kept_turn_ns.saturating_sub(now_ns);
+                if backoff >= kept {
+                    (Self::None, Some(kept.max(retry_after_ns)))
+                } else {
+                    let backoff_ns = backoff_ns.saturating_mul(2);
+                    (
+                        Self::Probing {
+                            kept_turn_ns,
+                            backoff_ns,
+                        },
+                        Some(backoff),
+                    )
+                }
+            }
+            (turn, _) => (turn, None),
+        }
+    }
+
+    /// The turn handed with the last grant (monotonic ns), 0 when none.
+    pub(super) fn turn_ns(self) -> u64 {
+        match self {
+            Self::Handed { turn_ns } => turn_ns,
+            _ => 0,
+        }
+    }
+
+    /// Whether the next lease is a probe, at `now_ns`: it asks for no turn until the kept turn.
+    pub(super) fn probing(self, now_ns: u64) -> bool {
+        matches!(self, Self::Probing { kept_turn_ns, .. } if kept_turn_ns > now_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Turn, TurnEvent};
+
+    #[test]
+    fn a_turn_steps_by_grants_refusals_and_falls() {
+        const MS: u64 = 1_000_000;
+        let handed = Turn::Handed { turn_ns: 900 * MS };
+        let probing = Turn::Probing {
+            kept_turn_ns: 900 * MS,
+            backoff_ns: 100 * MS,
+        };
+        let refused_at = |now_ms: u64| TurnEvent::StoreRefused {
+            retry_after_ns: 20 * MS,
+            now_ns: now_ms * MS,
+        };
+        let fell = TurnEvent::Fell {
+            kept_turn_ns: 900 * MS,
+            backoff_ns: 100 * MS,
+        };
+        // state x event -> state, and the wait instead of the refusal's retry_after (ns)
+        let table = [
+            (Turn::None, TurnEvent::Granted { turn_ns: 0 }, Turn::None, None),
+            (probing, TurnEvent::Granted { turn_ns: 0 }, Turn::None, None),
+            (Turn::None, TurnEvent::Granted { turn_ns: 900 * MS }, handed, None),
+            (probing, TurnEvent::Granted { turn_ns: 900 * MS }, handed, None),
+            (handed, TurnEvent::Outran, Turn::None, None),
+            (probing, TurnEvent::Outran, probing, None),
+            (Turn::None, TurnEvent::Outran, Turn::None, None),
+            (handed, fell, probing, None),
+            (Turn::None, fell, probing, None),
+            // A refused probe backs off, doubling, while the next probe comes before the kept turn...
+            (
+                probing,
+                refused_at(500),
+                Turn::Probing {
+                    kept_turn_ns: 900 * MS,
+                    backoff_ns: 200 * MS,
+                },
+                Some(100 * MS),
+            ),
+            // ...and waits for the kept turn once it would not.
+            (probing, refused_at(850), Turn::None, Some(50 * MS)),
+            (probing, refused_at(950), Turn::None, Some(20 * MS)),
+            // A refusal of a key not probing is its own retry_after.
+            (handed, refused_at(500), handed, None),
+            (Turn::None, refused_at(500), Turn::None, None),
+        ];
+        for (from, event, to, instead) in table {
+            assert_eq!(from.step(event), (to, instead), "{from:?} + {event:?}");
+        }
+        assert_eq!(handed.turn_ns(), 900 * MS);
+        assert_eq!(probing.turn_ns(), 0);
+        assert!(probing.probing(899 * MS) && !probing.probing(900 * MS));
+        assert!(!handed.probing(0));
+    }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 pub(crate) use super::book::Unspent;
-use super::book::{Batch, Book, Probe, Recent};
+use super::book::{Batch, Book, Recent, Turn, TurnEvent};
 use super::reserve::Reserve;
 use super::schedule::{large_fleet, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
@@ -104,8 +104,7 @@ impl LocalBucket {
                 schedule: Schedule::default(),
                 batch: lease.min_batch,
                 saturated: false,
-                turn_at_ns: 0,
-                probe: None,
+                turn: Turn::None,
                 last_lease_ns: now_ns,
                 decisions_at_lease: 0,
                 demand_per_s: 0,
@@ -311,8 +310,7 @@ impl LocalBucket {
         self.tokens.add(first.tokens);
         // Not before the turn the bucket handed out (0: none), nor before the last chunk is released.
         let turn = if turn_ns > 0 { now_ns.saturating_add(turn_ns) } else { 0 };
-        book.turn_at_ns = turn;
-        book.probe = None;
+        book.turn = book.turn.step(TurnEvent::Granted { turn_ns: turn }).0;
         let not_before = turn.max(book.schedule.last_ns().unwrap_or(0));
         self.wait.store(Wait::until(not_before));
         self.backoff.store(Backoff::None);
@@ -352,19 +350,16 @@ impl LocalBucket {
     pub(crate) fn refused_by_store(&self, reply: &Reply, now_ns: u64) {
         let mut retry_after = crate::decision::from_protocol_ms(reply.retry_after_ms);
         let reset_after = crate::decision::from_protocol_ms(reply.reset_after_ms);
-        let mut book = self.lock();
-        if let Some(probe) = book.probe.as_mut().filter(|_| retry_after != Duration::MAX) {
-            let backoff = retry_after.max(Duration::from_nanos(probe.backoff_ns));
-            let kept = Duration::from_nanos(probe.kept_turn_ns.saturating_sub(now_ns));
-            probe.backoff_ns = probe.backoff_ns.saturating_mul(2);
-            retry_after = if backoff >= kept {
-                book.probe = None;
-                kept.max(retry_after)
-            } else {
-                backoff
+        if retry_after != Duration::MAX {
+            let mut book = self.lock();
+            let event = TurnEvent::StoreRefused {
+                retry_after_ns: nanos(retry_after),
+                now_ns,
             };
+            let (turn, instead) = book.turn.step(event);
+            book.turn = turn;
+            retry_after = instead.map_or(retry_after, Duration::from_nanos);
         }
-        drop(book);
         self.refused(retry_after, Timings::NEVER_RECHECK, reset_after, now_ns);
     }
 
@@ -419,7 +414,7 @@ impl LocalBucket {
         // the fleet spends the bucket) is lifted, the next caller leasing at once what goes back now. A lone
         // process that leased a burst would otherwise wait out a turn beside a bucket it refilled.
         if expired.saturating_mul(2) >= book.batch.max(1) && book.schedule.next_ns().is_none() {
-            book.turn_at_ns = 0;
+            book.turn = book.turn.step(TurnEvent::Outran).0;
             self.wait.store(Wait::Free);
         }
         self.publish_deadline(&book);
@@ -455,7 +450,7 @@ impl LocalBucket {
             stamp: chunk.stamp,
         });
         if (alone || outran) && book.schedule.next_ns().is_none() {
-            self.wait.store(Wait::until(book.turn_at_ns));
+            self.wait.store(Wait::until(book.turn.turn_ns()));
         }
         // The deadline is in force before the tokens can be spent.
         self.publish_deadline(&book);
@@ -482,14 +477,15 @@ impl LocalBucket {
         let wait = self.wait.load();
         let until = wait.until_ns();
         let not_before = book.schedule.last_ns().unwrap_or(0);
-        if fallen.is_none() || book.probe.is_some() || now_ns >= until || not_before >= until || wait.is_never() {
+        let probing = matches!(book.turn, Turn::Probing { .. });
+        if fallen.is_none() || probing || now_ns >= until || not_before >= until || wait.is_never() {
             return false;
         }
-        book.turn_at_ns = 0;
-        book.probe = Some(Probe {
+        let fell = TurnEvent::Fell {
             kept_turn_ns: until,
             backoff_ns: nanos(self.lease.ttl),
-        });
+        };
+        book.turn = book.turn.step(fell).0;
         self.wait.store(Wait::until(not_before));
         true
     }
@@ -497,7 +493,7 @@ impl LocalBucket {
     /// Whether the next lease is a probe after a lifted wait ([`Self::sample`]; [`Self::plan`] asks for no turn).
     #[cfg(test)]
     pub(crate) fn probing(&self, now_ns: u64) -> bool {
-        self.lock().probing(now_ns)
+        self.lock().turn.probing(now_ns)
     }
 
     /// Retires the bucket for good without taking its tokens: no decision or lease uses it again.

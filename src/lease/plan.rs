@@ -24,7 +24,7 @@ impl LocalBucket {
         let mut book = self.lock();
         // A probe after a lifted wait ([`Self::sample`]) asks for no turn: refused, it keeps its place in the
         // fleet's queue.
-        let probing = book.probing(now_ns);
+        let probing = book.turn.probing(now_ns);
         let ask = move |turn: u64| if probing { 0 } else { turn };
         let decisions = self.tokens.counts().total();
         let decided = decisions.saturating_sub(book.decisions_at_lease);
