@@ -106,6 +106,17 @@ impl Recent {
         self.next = (self.next + 1) % self.samples.len();
     }
 
+    /// The demand in decisions a second over about the last TTL (the newest half of the samples), `None` before
+    /// they span a tenth of a second.
+    pub(super) fn lately(&self, (now_ns, decisions): (u64, u64)) -> Option<u64> {
+        let (at_ns, counted) = self.samples[(self.next + self.samples.len() / 2) % self.samples.len()];
+        let span_ns = now_ns.saturating_sub(at_ns);
+        (span_ns >= 100_000_000).then(|| {
+            let seen = u128::from(decisions.saturating_sub(counted));
+            u64::try_from(seen * 1_000_000_000 / u128::from(span_ns)).unwrap_or(u64::MAX)
+        })
+    }
+
     /// The demand in decisions a second since the oldest sample, when it fell under half of `before_per_s`
     /// over a span where that demand would have brought at least [`FALL_DECISIONS`]; `None` otherwise.
     pub(super) fn fallen(&self, before_per_s: u64, (now_ns, decisions): (u64, u64)) -> Option<u64> {

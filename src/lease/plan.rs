@@ -16,8 +16,8 @@ impl LocalBucket {
     ///
     /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
     /// processes; once it is, the processes take the turns the bucket hands out (`token_lease.lua`) and a batch
-    /// may reach `max_batch`. Never more than the demand spends within 0.9 × the TTL (the rest would go back
-    /// unspent, a give-back per lease), on a bucket that is not saturated even less than `min_batch`. Before any
+    /// may reach `max_batch`. Never more than the demand spends within 0.9 × the TTL, at the demand of the last
+    /// TTL where it fell (the rest would go back unspent, a give-back per lease), on a bucket that is not saturated even less than `min_batch`. Before any
     /// lease the demand is the hot-key sketch's count ([`Self::seeded`]). `cost` is what the caller needs.
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
@@ -49,8 +49,14 @@ impl LocalBucket {
         if self.starved.swap(false, Ordering::Relaxed) {
             batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
         }
-        // What the demand spends within 0.9 × the TTL (no cap before a demand is seen).
-        let spendable = match book.demand_per_s {
+        // What the demand spends within 0.9 × the TTL (no cap before a demand is seen), at the demand of the last
+        // TTL where that is lower: a demand that just fell would leave most of a lease sized for the old one to
+        // expire unspent while the other processes are refused (healthy seed 176: 23 sold of 48 demanded).
+        let lately = book
+            .recent
+            .lately((now_ns, decisions))
+            .map_or(book.demand_per_s, |l| l.max(1));
+        let spendable = match book.demand_per_s.min(lately) {
             0 => u64::MAX,
             d => u64::try_from(u128::from(d) * u128::from(nanos(lease.ttl)) * 9 / 10_000_000_000).unwrap_or(u64::MAX),
         };
