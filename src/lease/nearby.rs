@@ -4,10 +4,10 @@
 //! every thread deciding keys of that shard writes, so two threads on one hot key would bounce it on every
 //! decision even though their tokens sit in per-core shards. The cache answers most lookups from the thread's
 //! own memory: a small direct-mapped table of (rule, key) → bucket, checked against the rule's generation, the
-//! bucket's key and its `retired` flag (an evicted, cooled or reloaded bucket, or one whose limiter was dropped, is
-//! retired for good, so a stale entry is never used). A rule is known by its generation, unique for the life of the
-//! process, never by its address: a rule compiled after another was dropped may land at the same address, and its
-//! limiter would then be answered from the dead one's bucket (invariant 20).
+//! bucket's key and whether its slot is `Slot::Retired` (an evicted, cooled or reloaded bucket, or one whose
+//! limiter was dropped, is retired for good, so a stale entry is never used). A rule is known by its generation,
+//! unique for the life of the process, never by its address: a rule compiled after another was dropped may land
+//! at the same address, and its limiter would then be answered from the dead one's bucket (invariant 20).
 
 use std::cell::RefCell;
 use std::sync::Arc;
