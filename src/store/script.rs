@@ -120,9 +120,9 @@ mod tests {
 
     use super::Script;
 
-    /// `lua/NAME.lua`, the standalone script other languages load.
-    fn standalone(script: Script) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("lua/{}.lua", script.name()))
+    /// `lua/`: the standalone scripts other languages load, `lib/` and `src/`.
+    fn lua() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lua")
     }
 
     /// Every `lua/NAME.lua` is the script this crate runs, to the byte; with `TOKENLEASE_WRITE_LUA=1` the test
@@ -132,7 +132,7 @@ mod tests {
         let write = std::env::var_os("TOKENLEASE_WRITE_LUA").is_some_and(|v| v == "1");
         let mut stale = Vec::new();
         for script in Script::ALL {
-            let path = standalone(script);
+            let path = lua().join(format!("{}.lua", script.name()));
             if write {
                 std::fs::write(&path, script.source()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             } else if std::fs::read_to_string(&path).ok().as_deref() != Some(script.source()) {
@@ -144,8 +144,7 @@ mod tests {
             "stale or missing: {stale:?}; run `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files` and commit them"
         );
         // Nothing else in lua/ but the scripts, lib/ and src/.
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lua");
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
+        let mut names: Vec<String> = std::fs::read_dir(lua())
             .map(|d| {
                 d.filter_map(|e| e.ok())
                     .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -157,20 +156,5 @@ mod tests {
         expected.extend(["lib".to_string(), "src".to_string()]);
         expected.sort();
         assert_eq!(names, expected, "lua/ holds the generated scripts, lib/ and src/ only");
-    }
-
-    /// Each script's own part is in `lua/src/`, named as the script.
-    #[test]
-    fn every_script_has_its_source() {
-        for script in Script::ALL {
-            let own = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("lua/src/{}.lua", script.name()));
-            let text = std::fs::read_to_string(&own).unwrap_or_else(|e| panic!("{}: {e}", own.display()));
-            assert!(
-                script.source().ends_with(&text),
-                "{} does not end with {}",
-                script.name(),
-                own.display()
-            );
-        }
     }
 }
