@@ -106,27 +106,33 @@ impl Recent {
         self.next = (self.next + 1) % self.samples.len();
     }
 
+    /// The span (ns, at least 1) and the decisions seen since the sample `back` samples after the oldest, at
+    /// `now_ns` with `decisions` counted.
+    fn since(&self, back: usize, (now_ns, decisions): (u64, u64)) -> (u64, u128) {
+        let (at_ns, counted) = self.samples[(self.next + back) % self.samples.len()];
+        let span_ns = now_ns.saturating_sub(at_ns).max(1);
+        (span_ns, u128::from(decisions.saturating_sub(counted)))
+    }
+
     /// The demand in decisions a second over about the last TTL (the newest half of the samples), `None` before
     /// they span a tenth of a second.
-    pub(super) fn lately(&self, (now_ns, decisions): (u64, u64)) -> Option<u64> {
-        let (at_ns, counted) = self.samples[(self.next + self.samples.len() / 2) % self.samples.len()];
-        let span_ns = now_ns.saturating_sub(at_ns);
-        (span_ns >= 100_000_000).then(|| {
-            let seen = u128::from(decisions.saturating_sub(counted));
-            u64::try_from(seen * 1_000_000_000 / u128::from(span_ns)).unwrap_or(u64::MAX)
-        })
+    pub(super) fn lately(&self, now: (u64, u64)) -> Option<u64> {
+        let (span_ns, seen) = self.since(self.samples.len() / 2, now);
+        (span_ns >= 100_000_000).then(|| per_s(seen, span_ns))
     }
 
     /// The demand in decisions a second since the oldest sample, when it fell under half of `before_per_s`
     /// over a span where that demand would have brought at least [`FALL_DECISIONS`]; `None` otherwise.
-    pub(super) fn fallen(&self, before_per_s: u64, (now_ns, decisions): (u64, u64)) -> Option<u64> {
-        let (at_ns, counted) = self.samples[self.next];
-        let span_ns = now_ns.saturating_sub(at_ns).max(1);
+    pub(super) fn fallen(&self, before_per_s: u64, now: (u64, u64)) -> Option<u64> {
+        let (span_ns, seen) = self.since(0, now);
         let expected = u128::from(before_per_s) * u128::from(span_ns) / 1_000_000_000;
-        let seen = u128::from(decisions.saturating_sub(counted));
-        (expected >= u128::from(FALL_DECISIONS) && seen * 2 < expected)
-            .then(|| u64::try_from(seen * 1_000_000_000 / u128::from(span_ns)).unwrap_or(u64::MAX))
+        (expected >= u128::from(FALL_DECISIONS) && seen * 2 < expected).then(|| per_s(seen, span_ns))
     }
+}
+
+/// `seen` decisions over `span_ns` (at least 1) as decisions a second.
+fn per_s(seen: u128, span_ns: u64) -> u64 {
+    u64::try_from(seen * 1_000_000_000 / u128::from(span_ns)).unwrap_or(u64::MAX)
 }
 
 /// A key's turn on a saturated shared bucket (`token_lease.lua`, invariant 18), stepped by [`Turn::step`]:

@@ -17,8 +17,9 @@ impl LocalBucket {
     /// `fair_share` caps the batch while the shared bucket is not saturated, so that the burst is split between
     /// processes; once it is, the processes take the turns the bucket hands out (`token_lease.lua`) and a batch
     /// may reach `max_batch`. Never more than the demand spends within 0.9 × the TTL, at the demand of the last
-    /// TTL where it fell (the rest would go back unspent, a give-back per lease), on a bucket that is not saturated even less than `min_batch`. Before any
-    /// lease the demand is the hot-key sketch's count ([`Self::seeded`]). `cost` is what the caller needs.
+    /// TTL where it fell (the rest would go back unspent, a give-back per lease), on a bucket that is not
+    /// saturated even less than `min_batch`. Before any lease the demand is the hot-key sketch's count
+    /// ([`Self::seeded`]). `cost` is what the caller needs.
     pub(crate) fn plan(&self, fair_share: u64, cost: u64, now_ns: u64) -> LeasePlan {
         let lease = &self.lease;
         let mut book = self.lock();
