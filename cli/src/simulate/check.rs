@@ -38,25 +38,40 @@ const TAIL_MS: u64 = 3_000;
 /// How long after the last fault heals the fleet may take to find its pace again, in ms.
 const SETTLE_MS: u64 = 2_000;
 
+/// When [`check`] finds the worst window in full, a search over every window and the costliest check (a run
+/// over its bound always has it found).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Find {
+    /// Every run: one printed in full, or tried while reducing.
+    Always,
+    /// A run that went over, or sold under `min_sell` of what could sell after healing: the ones a search prints.
+    Failing { min_sell: f64 },
+}
+
 /// What the checks found.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Verdict {
     /// Whether some window admitted more than its bound.
     pub(super) over: bool,
-    /// The worst window (found in full only when `over`, or when asked).
+    /// The worst window (found in full only when `over`, or as [`Find`] asked).
     pub(super) worst: Worst,
     /// Sold over what could sell in the healthy tail; `None` without one.
     pub(super) sell: Option<f64>,
 }
 
 /// Checks `outcome` of `scenario`; `worst` finds the worst window even when none is over.
-pub(super) fn check(scenario: &Scenario, outcome: &Outcome, worst: bool) -> Verdict {
+pub(super) fn check(scenario: &Scenario, outcome: &Outcome, find: Find) -> Verdict {
     let prefix = prefix(&outcome.admitted_ms);
     let over = match &scenario.limit {
         Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => bucket_excess(&prefix, outcome) > 1e-9,
         _ => window_worst(scenario, &prefix, outcome).ratio > 1.0,
     };
-    let worst = if over || worst {
+    let sell = sell_through(scenario, outcome, &prefix);
+    let wanted = match find {
+        Find::Always => true,
+        Find::Failing { min_sell } => sell.is_some_and(|s| s < min_sell),
+    };
+    let worst = if over || wanted {
         match &scenario.limit {
             Limit::TokenBucket { .. } | Limit::LeakyQueue { .. } => bucket_worst(outcome),
             _ => window_worst(scenario, &prefix, outcome),
@@ -64,11 +79,7 @@ pub(super) fn check(scenario: &Scenario, outcome: &Outcome, worst: bool) -> Verd
     } else {
         Worst::default()
     };
-    Verdict {
-        over,
-        worst,
-        sell: sell_through(scenario, outcome, &prefix),
-    }
+    Verdict { over, worst, sell }
 }
 
 /// A token bucket's bound over `[from, to)` ms: the largest capacity, the refill from `from − ttl` to `to` at
@@ -339,7 +350,7 @@ mod tests {
             limit: bucket(20, 100),
             ..scenario
         };
-        let verdict = check(&scenario, &run, true);
+        let verdict = check(&scenario, &run, Find::Always);
         assert!(verdict.over);
         assert_eq!(verdict.worst.admitted, 45);
         assert!((verdict.worst.ratio - 45.0 / 40.0).abs() < 1e-6, "{:?}", verdict.worst);
@@ -359,9 +370,16 @@ mod tests {
         for at in [0, 500, 999, 1000, 1999] {
             admitted[at] = 1;
         }
-        assert!(!check(&scenario, &outcome(admitted.clone(), limit.clone()), false).over);
+        assert!(
+            !check(
+                &scenario,
+                &outcome(admitted.clone(), limit.clone()),
+                Find::Failing { min_sell: 0.0 }
+            )
+            .over
+        );
         admitted[1200] = 1; // 500, 999, 1000, 1200 in [500, 1500)
-        assert!(check(&scenario, &outcome(admitted, limit), false).over);
+        assert!(check(&scenario, &outcome(admitted, limit), Find::Failing { min_sell: 0.0 }).over);
     }
 
     #[test]
@@ -404,7 +422,9 @@ mod tests {
             alive: 4,
             ..outcome(admitted.clone(), limit.clone())
         };
-        let sold = check(&scenario, &run, false).sell.expect("a healthy tail");
+        let sold = check(&scenario, &run, Find::Failing { min_sell: 0.0 })
+            .sell
+            .expect("a healthy tail");
         assert!(sold > 0.97, "{sold}");
         // Selling nothing in the slow part is selling under what could sell.
         admitted[5_000..].fill(0);
@@ -412,7 +432,9 @@ mod tests {
             alive: 4,
             ..outcome(admitted, limit)
         };
-        let sold = check(&scenario, &run, false).sell.expect("a healthy tail");
+        let sold = check(&scenario, &run, Find::Failing { min_sell: 0.0 })
+            .sell
+            .expect("a healthy tail");
         assert!(sold < 0.9, "{sold}");
     }
 }

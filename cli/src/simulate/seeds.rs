@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use tokenlease::FailMode;
 
-use super::check::{self, Verdict};
+use super::check::{self, Find, Verdict};
 use super::fleet;
 use super::scenario::{Overrides, Scenario, MODES};
 
@@ -27,9 +27,9 @@ pub(super) struct Run {
 }
 
 /// Runs `scenario` and checks it.
-pub(super) fn run_one(scenario: &Scenario, worst: bool) -> Result<Run, String> {
+pub(super) fn run_one(scenario: &Scenario, find: Find) -> Result<Run, String> {
     let outcome = fleet::run(scenario)?;
-    let verdict = check::check(scenario, &outcome, worst);
+    let verdict = check::check(scenario, &outcome, find);
     let mut hasher = std::hash::DefaultHasher::new();
     outcome.admitted_ms.hash(&mut hasher);
     outcome.decisions.hash(&mut hasher);
@@ -77,7 +77,7 @@ pub(super) fn reduce(run: &Run) -> Result<Run, String> {
     let mut i = 0;
     while i < best.scenario.faults.len() {
         let fewer = best.scenario.with_faults(|j| j != i);
-        let tried = run_one(&fewer, true)?;
+        let tried = run_one(&fewer, Find::Always)?;
         if tried.verdict.over {
             best = tried;
         } else {
@@ -107,7 +107,7 @@ pub(super) fn replay(scenario: &Scenario) -> String {
 pub(super) fn run_each(scenarios: Vec<Scenario>, json: bool) -> Result<ExitCode, String> {
     let mut exit = ExitCode::SUCCESS;
     for scenario in &scenarios {
-        let run = run_one(scenario, true)?;
+        let run = run_one(scenario, Find::Always)?;
         print(&run, json);
         if run.verdict.over {
             exit = ExitCode::FAILURE;
@@ -177,7 +177,8 @@ pub(super) fn run_range(
     for seed in seeds {
         for mode in modes {
             runs.push(
-                run_one(&Scenario::draw(seed, *mode, overrides), false).map_err(|e| format!("seed {seed}: {e}"))?,
+                run_one(&Scenario::draw(seed, *mode, overrides), Find::Failing { min_sell })
+                    .map_err(|e| format!("seed {seed}: {e}"))?,
             );
         }
     }
@@ -202,12 +203,10 @@ pub(super) fn run_range(
         }
     }
     for run in &slow {
-        // Run again with its worst window found (the search skips it where no window went over).
-        let run = run_one(&run.scenario, true)?;
         if !json {
             println!("SOLD UNDER {:.0} % AFTER HEALING:", min_sell * 100.0);
         }
-        print(&run, json);
+        print(run, json);
     }
     let mut sold: Vec<(f64, u64, &str)> = runs
         .iter()
