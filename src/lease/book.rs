@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use super::heat::FEWEST_TELLING;
 use super::schedule::{Chunk, Schedule};
 use super::shards::Counts;
 #[cfg(doc)]
@@ -65,8 +66,8 @@ pub(super) struct Book {
     /// When the last lease was sent, and the decisions counted by then.
     pub(super) last_lease_ns: u64,
     pub(super) decisions_at_lease: u64,
-    /// Decisions per second between the last two leases (the demand, refusals included).
-    pub(super) demand_per_s: u64,
+    /// The key's demand, refusals included.
+    pub(super) demand: Demand,
     /// Decisions already added to the metrics.
     pub(super) flushed: Counts,
     /// The decisions counted at the last sweeps: the demand over about the last TTL.
@@ -74,6 +75,66 @@ pub(super) struct Book {
     /// When the sweeper last measured the key's heat, and the decisions counted by then.
     pub(super) heat_at_ns: u64,
     pub(super) decisions_at_heat: u64,
+}
+
+/// A key's demand in decisions a second, refusals included, stepped by [`Demand::measured`] at each lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Demand {
+    /// Nothing known: a bucket made hot on a shared bucket the fleet spends, or one whose first lease waited to
+    /// measure it ([`super::bucket::LocalBucket::first_lease_wait`]).
+    Unknown,
+    /// What the hot-key sketch counted when it made the key hot ([`super::heat::Heat::per_s`]): it sizes the
+    /// first lease (a warm key of a Zipf sale deciding once per TTL would lease `min_batch` and give most back),
+    /// and a measure of a few decisions replaces it ([`Demand::measured`]). The sketch reads every key at the count
+    /// that made it hot, whatever its speed, so a key of 10^4 decisions a second is seeded at a few a second:
+    /// mixed with the measures as the demand of a TTL, it ramped a flash sale's leases up by doubling (demand
+    /// read 6, 35, 199, 373, 692 ... a second, a lease a few hundred µs) while the other processes' turns were
+    /// spaced for a few tokens.
+    Seeded(u64),
+    /// A moving average of the decisions a second measured between leases ([`smoothed`]).
+    Measured(u64),
+}
+
+impl Demand {
+    /// Decisions a second, 0 when unknown.
+    pub(super) fn per_s(self) -> u64 {
+        match self {
+            Self::Unknown => 0,
+            Self::Seeded(per_s) | Self::Measured(per_s) => per_s,
+        }
+    }
+
+    /// The demand after `decided` decisions in the last `elapsed_ns`, averaged over about one `window_ns` (the
+    /// lease TTL) with the one before ([`smoothed`]). A seeded demand is kept by a measure of no decision (the
+    /// first lease's, sent by the decision that made the key hot) and replaced by one that counts
+    /// [`FEWEST_TELLING`] decisions or more: timed, they tell the key's speed, which the seed does not.
+    #[must_use]
+    pub(super) fn measured(self, (decided, elapsed_ns): (u64, u64), window_ns: u64) -> Self {
+        let before = match self {
+            Self::Unknown | Self::Seeded(_) if decided == 0 => return self,
+            Self::Seeded(_) if decided >= FEWEST_TELLING => 0,
+            Self::Unknown => 0,
+            Self::Seeded(per_s) | Self::Measured(per_s) => per_s,
+        };
+        Self::Measured(smoothed(before, (decided, elapsed_ns), window_ns))
+    }
+}
+
+/// The demand in decisions a second after `decided` decisions in the last `elapsed_ns`, `before` the estimate
+/// until then (0: none): a moving average over about one `window_ns` (the lease TTL), weighted by time, so that
+/// two leases sent close together (a lease of few decisions) do not read a slow key as idle, nor a burst as its
+/// rate.
+pub(super) fn smoothed(before: u64, (decided, elapsed_ns): (u64, u64), window_ns: u64) -> u64 {
+    let elapsed_ns = elapsed_ns.max(1);
+    let now = u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns);
+    let window_ns = window_ns.max(1);
+    let mixed = if before == 0 || elapsed_ns >= window_ns {
+        now
+    } else {
+        let old = u128::from(window_ns - elapsed_ns);
+        (u128::from(before) * old + now * u128::from(elapsed_ns)) / u128::from(window_ns)
+    };
+    u64::try_from(mixed).unwrap_or(u64::MAX)
 }
 
 /// The decisions a key's demand at its last lease must have brought over the last samples, for a fall to half of

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 pub(crate) use super::book::Unspent;
-use super::book::{Batch, Book, Recent, Turn, TurnEvent};
+use super::book::{Batch, Book, Demand, Recent, Turn, TurnEvent};
 use super::reserve::Reserve;
 use super::schedule::{large_fleet, LeasePlan, Schedule};
 use super::shards::{Counts, Shards};
@@ -107,7 +107,7 @@ impl LocalBucket {
                 turn: Turn::None,
                 last_lease_ns: now_ns,
                 decisions_at_lease: 0,
-                demand_per_s: 0,
+                demand: Demand::Unknown,
                 flushed: Counts::default(),
                 recent: Recent::new(now_ns),
                 heat_at_ns: now_ns,
@@ -127,13 +127,13 @@ impl LocalBucket {
     }
 
     /// This new bucket's demand before its first lease, `per_s` decisions a second (`None`: unknown): what the
-    /// hot-key sketch counted when it made the key hot ([`super::heat::Heat::per_s`]). The first lease is sized
-    /// for it, not for `min_batch` (a warm key of a Zipf sale deciding once per TTL would lease ten tokens and give
-    /// back nine), and the next leases mix it with what they measure ([`Self::plan`]).
+    /// hot-key sketch counted when it made the key hot ([`Demand::Seeded`]). The first lease is sized for it, not
+    /// for `min_batch` (a warm key of a Zipf sale deciding once per TTL would lease ten tokens and give back
+    /// nine); the next lease's measure replaces it ([`Self::plan`]).
     #[must_use]
     pub(crate) fn seeded(self, per_s: Option<u64>) -> Self {
         if let Some(per_s) = per_s {
-            self.lock().demand_per_s = per_s;
+            self.lock().demand = Demand::Seeded(per_s);
         }
         self
     }
@@ -166,7 +166,7 @@ impl LocalBucket {
         let mut book = self.lock();
         // It measures the demand: the sketch's count ([`Self::seeded`]), a few decisions, would size the fleet's
         // turns for the rest of the sale (a process of a thousand leases every few seconds).
-        book.demand_per_s = 0;
+        book.demand = Demand::Unknown;
         let until = book.last_lease_ns.saturating_add(half_ttl);
         drop(book);
         if now_ns >= until {
@@ -303,7 +303,7 @@ impl LocalBucket {
         // (a quarter of the batch at least, the whole batch at most): on a slow network the refill then
         // arrives before the tokens run out.
         let round_trip_ns = now_ns.saturating_sub(book.last_lease_ns);
-        let for_two_trips = u128::from(book.demand_per_s) * u128::from(round_trip_ns) * 2 / 1_000_000_000;
+        let for_two_trips = u128::from(book.demand.per_s()) * u128::from(round_trip_ns) * 2 / 1_000_000_000;
         let for_two_trips = u64::try_from(for_two_trips).unwrap_or(u64::MAX);
         self.low_watermark
             .store((plan.batch / 4).max(for_two_trips).min(plan.batch), Ordering::Relaxed);
@@ -472,7 +472,7 @@ impl LocalBucket {
     pub(crate) fn sample(&self, now_ns: u64) -> bool {
         let decisions = self.tokens.counts().total();
         let mut book = self.lock();
-        let fallen = book.recent.fallen(book.demand_per_s, (now_ns, decisions));
+        let fallen = book.recent.fallen(book.demand.per_s(), (now_ns, decisions));
         book.recent.sample((now_ns, decisions));
         let wait = self.wait.load();
         let until = wait.until_ns();

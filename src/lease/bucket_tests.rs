@@ -1,7 +1,7 @@
 //! Unit tests of `bucket.rs`: the local bucket's hot path, leases, turns and expiry.
-use super::plan::smoothed;
 use super::*;
 use crate::algorithm::Pace;
+use crate::lease::book::smoothed;
 use crate::lease::schedule::tests::shipped;
 
 fn lease() -> Lease {
@@ -163,6 +163,49 @@ fn a_slow_key_leases_what_it_spends_unless_its_bucket_is_saturated() {
     assert_eq!((unknown.min, unknown.max), (1, 10), "{unknown:?}");
 }
 
+/// The sketch seeds every new hot key at the count that made it hot, a few decisions a second whatever its
+/// speed. A measure of a few timed decisions replaces the seed: a flash sale's key, deciding 10^4 times a
+/// second, leased 1, 6, 33, 35, 67 ... tokens a few hundred µs apart while the seed was mixed in as the demand of
+/// a TTL. A warm key's measure of one decision is still mixed with it, and the first lease, which no decision
+/// measured, keeps it.
+#[test]
+fn a_seeded_demand_is_replaced_by_a_measure_of_a_few_decisions() {
+    let (bucket, lease) = shipped();
+    let made = || LocalBucket::new("k", "tl:{r:k}".into(), bucket, lease, 0).seeded(Some(7));
+    let spend = |b: &LocalBucket, decisions: u64, from_ns: u64, every_ns: u64| {
+        for i in 0..decisions {
+            let _ = b.try_take(1, from_ns + i * every_ns);
+        }
+    };
+    let fast = made();
+    let first = fast.plan(500, 1, 5 * MS);
+    assert_eq!(fast.lock().demand, Demand::Seeded(7), "no decision measured yet");
+    assert_eq!(
+        (first.max, first.pace.chunk),
+        (7, 1),
+        "seven chunks of one over a second: {first:?}"
+    );
+    assert!(fast.add(&grant(7), 5 * MS, first, 5 * MS));
+    // Released early to the callers who find the bucket empty ([`LocalBucket::release_early`]).
+    for i in 0..7 {
+        fast.release_early(1, 5 * MS + i * MS / 50, false);
+        spend(&fast, 1, 5 * MS + i * MS / 50, 0);
+    }
+    let second = fast.plan(500, 1, 5 * MS + 300_000);
+    assert!(fast.lock().demand.per_s() > 20_000, "{:?}", fast.lock().demand);
+    assert_eq!(second.batch, 500, "`max_batch`: {second:?}");
+    let warm = made();
+    let first = warm.plan(500, 1, 5 * MS);
+    assert!(warm.add(&grant(1), 5 * MS, first, 5 * MS));
+    spend(&warm, 2, 60 * MS, MS);
+    let _ = warm.plan(500, 1, 61 * MS);
+    let demand = warm.lock().demand.per_s();
+    assert!(
+        (7..=20).contains(&demand),
+        "two decisions in 56 ms mixed with the seed: {demand}"
+    );
+}
+
 #[test]
 fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     let (b, plan) = paced_35(grant(35));
@@ -293,7 +336,7 @@ fn waiting_for_a_far_turn() -> LocalBucket {
         assert!(matches!(b.try_take(1, i * 10 * MS), Take::Exhausted { .. }));
     }
     let plan = b.plan(1000, 1, 1000 * MS);
-    assert_eq!(b.lock().demand_per_s, 100);
+    assert_eq!(b.lock().demand.per_s(), 100);
     let turn = Reply {
         granted: 10,
         remaining: 0,
@@ -325,7 +368,7 @@ fn a_demand_that_falls_lifts_the_wait_for_a_far_turn_and_the_lease_probes() {
     assert!(b.probing(lifted), "the lease after a lift asks for no turn");
     // The lease measures the demand as it is now, not since the last lease (100 in 1.3 s or more).
     let _ = b.plan(1000, 1, lifted);
-    assert!(b.lock().demand_per_s < 50, "{}", b.lock().demand_per_s);
+    assert!(b.lock().demand.per_s() < 50, "{}", b.lock().demand.per_s());
     // Refused, the probe backs off a TTL, then two, then waits for the turn it kept (at 6 s).
     let empty = Reply {
         granted: 0,
@@ -383,7 +426,7 @@ fn a_lease_after_the_demand_fell_is_sized_for_the_demand_of_the_last_ttl() {
     let plan = b.plan(1000, 1, 300 * MS);
     // Measured since the bucket was made, 100 decisions in 300 ms: 333 a second, a lease of 59 (two batches,
     // within 0.9 TTL of it). The last TTL's demand, none, leaves the floor of a saturated bucket, `min_batch`.
-    assert!(b.lock().demand_per_s > 300, "{}", b.lock().demand_per_s);
+    assert!(b.lock().demand.per_s() > 300, "{}", b.lock().demand.per_s());
     assert_eq!(
         (plan.min, plan.max),
         (1, 10),

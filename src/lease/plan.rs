@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Book, LocalBucket};
+use super::{Book, Demand, LocalBucket};
 use crate::algorithm::Pace;
 use crate::clock::nanos;
 use crate::lease::schedule::{paced_turn, LeasePlan};
@@ -41,11 +41,12 @@ impl LocalBucket {
         // A demand that fell over the last samples is read as it is now: measured since the last lease (seconds
         // ago when the key waited for its turn) it would size the batch for the demand of then, and the lease
         // would take the refill the others wait for.
-        let fallen = book.recent.fallen(book.demand_per_s, (now_ns, decisions));
-        book.demand_per_s =
-            fallen.unwrap_or_else(|| smoothed(book.demand_per_s, (decided, elapsed_ns), nanos(lease.ttl)));
+        let fallen = book.recent.fallen(book.demand.per_s(), (now_ns, decisions));
+        let demand = book.demand.measured((decided, elapsed_ns), nanos(lease.ttl));
+        book.demand = fallen.map_or(demand, Demand::Measured);
+        let demand_per_s = book.demand.per_s();
         let observed =
-            u64::try_from(u128::from(book.demand_per_s) * u128::from(horizon_ns) / 1_000_000_000).unwrap_or(u64::MAX);
+            u64::try_from(u128::from(demand_per_s) * u128::from(horizon_ns) / 1_000_000_000).unwrap_or(u64::MAX);
         let mut batch = observed.clamp(lease.min_batch, lease.max_batch);
         if self.starved.swap(false, Ordering::Relaxed) {
             batch = batch.max(book.batch.saturating_mul(2)).min(lease.max_batch);
@@ -56,8 +57,8 @@ impl LocalBucket {
         let lately = book
             .recent
             .lately((now_ns, decisions))
-            .map_or(book.demand_per_s, |l| l.max(1));
-        let spendable = match book.demand_per_s.min(lately) {
+            .map_or(demand_per_s, |l| l.max(1));
+        let spendable = match demand_per_s.min(lately) {
             0 => u64::MAX,
             d => u64::try_from(u128::from(d) * u128::from(nanos(lease.ttl)) * 9 / 10_000_000_000).unwrap_or(u64::MAX),
         };
@@ -71,12 +72,7 @@ impl LocalBucket {
         };
         // Paced instead when a turn would bring more as chunks: the turn is then what the demand spends while the
         // burst refills, and nothing is left unspent within a chunk's TTL.
-        let paced = paced_turn(
-            (&self.bucket, lease),
-            book.saturated,
-            (book.demand_per_s, cost),
-            spendable,
-        );
+        let paced = paced_turn((&self.bucket, lease), book.saturated, (demand_per_s, cost), spendable);
         if let Some((pace, turn)) = paced {
             // A paced grant is at most a turn: its chunks span no longer than the refill of half the burst
             // (`span_chunks`), or the bucket's pending line would hold back its refill.
@@ -130,7 +126,7 @@ impl LocalBucket {
         let (b, processes) = (&self.bucket, u128::from(processes.max(1)));
         let most = u128::from(b.rate) * u128::from(reserve_ns) / (u128::from(b.per_ms.max(1)) * 1_000_000 * processes);
         let most = most.min(u128::from(b.capacity) / (2 * processes));
-        let demand = u128::from(self.lock().demand_per_s);
+        let demand = u128::from(self.lock().demand.per_s());
         let spent = (demand * u128::from(reserve_ns)).div_ceil(1_000_000_000);
         let spent = if demand > 0 { most.min(spent) } else { most };
         (u64::try_from(most).unwrap_or(0), u64::try_from(spent).unwrap_or(0))
@@ -144,20 +140,4 @@ impl LocalBucket {
         self.last_used_ns.store(now_ns, Ordering::Relaxed);
         self.low_watermark.store(batch / 4, Ordering::Relaxed);
     }
-}
-
-/// The demand in decisions a second after `decided` decisions in the last `elapsed_ns`, `before` the estimate
-/// until then: a moving average over about one `window_ns` (the lease TTL), weighted by time, so that two leases
-/// sent close together (a lease of few decisions) do not read a slow key as idle, nor a burst as its rate.
-pub(super) fn smoothed(before: u64, (decided, elapsed_ns): (u64, u64), window_ns: u64) -> u64 {
-    let elapsed_ns = elapsed_ns.max(1);
-    let now = u128::from(decided) * 1_000_000_000 / u128::from(elapsed_ns);
-    let window_ns = window_ns.max(1);
-    let mixed = if before == 0 || elapsed_ns >= window_ns {
-        now
-    } else {
-        let old = u128::from(window_ns - elapsed_ns);
-        (u128::from(before) * old + now * u128::from(elapsed_ns)) / u128::from(window_ns)
-    };
-    u64::try_from(mixed).unwrap_or(u64::MAX)
 }
