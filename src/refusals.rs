@@ -18,20 +18,49 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 use quick_cache::{Equivalent, UnitWeighter};
 
-use crate::clock::{duration, nanos, NEVER_NS};
+use crate::clock::{duration, nanos};
 use crate::decision::{Decision, Source};
 use crate::timings::Timings;
 
 /// What a remembered refusal answers, in ns on the engine's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Refusal {
-    /// Calls of at least this cost are refused until `until_ns` (a smaller cost may be granted sooner).
+    /// Calls of at least this cost are refused until `until` ends (a smaller cost may be granted sooner).
     cost: u64,
-    until_ns: u64,
+    until: Until,
     /// What the store said was left.
     remaining: u64,
-    /// When the key is back to its full allowance ([`crate::clock::NEVER_NS`]: never).
-    reset_at_ns: u64,
+    /// When the key is back to its full allowance (`None`: never).
+    reset_at_ns: Option<u64>,
+}
+
+/// How long a remembered refusal answers, in ns on the engine's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// Until the store's `retry_after`, counted from when the call was sent.
+    Retry { at_ns: u64 },
+    /// The store said "never" (the cost is over what the key can ever hold): answered as never, as a hot key's
+    /// local bucket does, and asked again at `recheck_ns` ([`Timings::NEVER_REMEMBERED`] later), since tokens
+    /// given back or a reload may still change it.
+    Never { recheck_ns: u64 },
+}
+
+impl Until {
+    /// When the store is asked again.
+    fn ends_ns(self) -> u64 {
+        match self {
+            Self::Retry { at_ns } => at_ns,
+            Self::Never { recheck_ns } => recheck_ns,
+        }
+    }
+
+    /// The `retry_after` a caller is told at `now_ns` (before [`Self::ends_ns`]).
+    fn retry_after(self, now_ns: u64) -> Duration {
+        match self {
+            Self::Retry { at_ns } => duration(at_ns.saturating_sub(now_ns)),
+            Self::Never { .. } => Duration::MAX,
+        }
+    }
 }
 
 /// A key as the cache holds it: the rule's generation and the caller's key.
@@ -95,8 +124,8 @@ impl Refusals {
         let cache = self.cache.as_ref()?;
         let looked = Looked { rule, key };
         let refusal = cache.get(&looked)?;
-        if now_ns >= refusal.until_ns {
-            cache.remove_if(&looked, |r| r.until_ns <= now_ns);
+        if now_ns >= refusal.until.ends_ns() {
+            cache.remove_if(&looked, |r| r.until.ends_ns() <= now_ns);
             return None;
         }
         if cost < refusal.cost {
@@ -106,11 +135,10 @@ impl Refusals {
         Some(Decision {
             allowed: false,
             remaining: refusal.remaining,
-            retry_after: duration(refusal.until_ns - now_ns),
-            reset_after: match refusal.reset_at_ns {
-                NEVER_NS => Duration::MAX,
-                at => duration(at.saturating_sub(now_ns)),
-            },
+            retry_after: refusal.until.retry_after(now_ns),
+            reset_after: refusal
+                .reset_at_ns
+                .map_or(Duration::MAX, |at| duration(at.saturating_sub(now_ns))),
             source: Source::Local,
             shadowed: false,
         })
@@ -122,16 +150,21 @@ impl Refusals {
         if refused.allowed || refused.retry_after.is_zero() {
             return;
         }
-        let wait = if refused.retry_after == Duration::MAX {
-            Timings::NEVER_REMEMBERED
+        let after = |wait: Duration| sent_ns.saturating_add(nanos(wait));
+        let until = if refused.retry_after == Duration::MAX {
+            Until::Never {
+                recheck_ns: after(Timings::NEVER_REMEMBERED),
+            }
         } else {
-            refused.retry_after
+            Until::Retry {
+                at_ns: after(refused.retry_after),
+            }
         };
         let refusal = Refusal {
             cost,
-            until_ns: sent_ns.saturating_add(nanos(wait)),
+            until,
             remaining: refused.remaining,
-            reset_at_ns: sent_ns.saturating_add(nanos(refused.reset_after)),
+            reset_at_ns: (refused.reset_after != Duration::MAX).then(|| after(refused.reset_after)),
         };
         let cached = Cached {
             rule,
@@ -225,7 +258,11 @@ mod tests {
         let answer = refusals
             .answer(1, "stock", 1, 0)
             .map(|d| (d.retry_after, d.reset_after));
-        assert_eq!(answer, Some((Timings::NEVER_REMEMBERED, Duration::MAX)));
+        assert_eq!(
+            answer,
+            Some((Duration::MAX, Duration::MAX)),
+            "never, as the store said and as a hot key answers"
+        );
         assert!(refusals
             .answer(1, "stock", 1, nanos(Timings::NEVER_REMEMBERED))
             .is_none());
