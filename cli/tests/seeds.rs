@@ -175,10 +175,12 @@ fn healthy_fleets_never_go_over_and_sell_in_60_s_as_known() {
 /// Healthy fleets beyond the first 300 seeds that once sold under 95 % in 60 s, each for a cause since fixed
 /// (docs/BENCHMARKS.md, "The seeded search, as it went"): 506, a bucket of 13 shared by 64 processes deciding
 /// twice a second each, whose turns leased `min_batch` (9) to a process spending one token a TTL (81.6 %); 357
-/// (a bucket of 30 over 16, 85.7 %) and 915 (115 over 48, 90.1 %) had the same cause. About 8 s each.
+/// (a bucket of 30 over 16, 85.7 %) and 915 (115 over 48, 90.1 %) had the same cause; 746 (24 processes, a
+/// tenth carrying half the demand, 90.8 %) sold so until a steep fall was told on the newest samples. About
+/// 8 s each.
 #[test]
 fn healthy_seeds_once_under_sold_sell_95_percent() {
-    for seed in ["506", "357", "915"] {
+    for seed in ["506", "357", "915", "746"] {
         let runs = simulate(&["--seed", seed, "--healthy", "--duration", "60s", "--mode", "closed"]);
         let run = runs.last().expect("a run");
         assert_eq!(run["over"], false, "{run}");

@@ -182,12 +182,19 @@ impl Recent {
         (span_ns >= 100_000_000).then(|| per_s(seen, span_ns))
     }
 
-    /// The demand in decisions a second since the oldest sample, when it fell under half of `before_per_s`
-    /// over a span where that demand would have brought at least [`FALL_DECISIONS`]; `None` otherwise.
+    /// The demand in decisions a second when it fell under half of `before_per_s`: since the second newest
+    /// sample (a quarter to half a TTL) where that demand would have brought at least 4 × [`FALL_DECISIONS`]
+    /// there (fewer than half of 64 comes by chance about once in 10^4), else since the oldest where it would
+    /// have brought [`FALL_DECISIONS`]; `None` otherwise. A fast key's fall is so told within half a TTL, before
+    /// the tokens leased for the old demand expire here while the other processes are refused.
     pub(super) fn fallen(&self, before_per_s: u64, now: (u64, u64)) -> Option<u64> {
-        let (span_ns, seen) = self.since(0, now);
-        let expected = u128::from(before_per_s) * u128::from(span_ns) / 1_000_000_000;
-        (expected >= u128::from(FALL_DECISIONS) && seen * 2 < expected).then(|| per_s(seen, span_ns))
+        [(self.samples.len() - 2, 4 * FALL_DECISIONS), (0, FALL_DECISIONS)]
+            .into_iter()
+            .find_map(|(back, least)| {
+                let (span_ns, seen) = self.since(back, now);
+                let expected = u128::from(before_per_s) * u128::from(span_ns) / 1_000_000_000;
+                (expected >= u128::from(least) && seen * 2 < expected).then(|| per_s(seen, span_ns))
+            })
     }
 }
 
