@@ -14,7 +14,6 @@
 //! when given: on the client of one server, on every node of a cluster, and behind Sentinel on the Sentinels
 //! (`rediss://` nodes) and on the master they name, which is then reached over TLS too.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +26,7 @@ use tokio::sync::{watch, Notify};
 use super::eviction::EvictionWatch;
 use super::target::Target;
 use crate::error::StoreErrorKind;
+use crate::packed::{tagged, untagged, Atomic, Packed};
 use crate::timings::Timings;
 
 /// The back-off between failed attempts to connect or to find the master: from the first to the last.
@@ -39,14 +39,73 @@ struct Link {
     generation: u64,
 }
 
-/// What callers ask of the task: to make the connection of `generation` again.
-#[derive(Default)]
+/// What callers ask of the task, and the bell they ring.
 struct Wanted {
-    /// The newest generation found failing.
-    generation: AtomicU64,
-    /// It was found refusing writes (`READONLY`): remake it even when the server's address is the same.
-    readonly: AtomicBool,
+    remake: Atomic<Remake>,
     notify: Notify,
+}
+
+impl Default for Wanted {
+    fn default() -> Self {
+        Self {
+            remake: Atomic::new(Remake::Nothing),
+            notify: Notify::new(),
+        }
+    }
+}
+
+/// A request to make a connection again, stepped by [`Remake::and`] as calls fail and taken by the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remake {
+    Nothing,
+    /// The connection of `generation` failed behind Sentinel (the master may have moved): ask the Sentinels,
+    /// and make it again if they name another server.
+    Failed {
+        generation: u64,
+    },
+    /// The connection of `generation` refused writes (`READONLY`): make it again even when the server's
+    /// address is the same.
+    Readonly {
+        generation: u64,
+    },
+}
+
+impl Remake {
+    /// The request after `other`: the newer connection's; of one connection, `Readonly` over `Failed`.
+    fn and(self, other: Self) -> Self {
+        match (self.generation(), other.generation()) {
+            (mine, theirs) if theirs > mine => other,
+            (mine, theirs) if mine > theirs => self,
+            _ if matches!(other, Self::Readonly { .. }) => other,
+            _ => self,
+        }
+    }
+
+    /// The connection it asks about (0: none).
+    fn generation(self) -> u64 {
+        match self {
+            Self::Nothing => 0,
+            Self::Failed { generation } | Self::Readonly { generation } => generation,
+        }
+    }
+}
+
+impl Packed for Remake {
+    fn pack(self) -> u64 {
+        match self {
+            Self::Nothing => tagged(0, 0),
+            Self::Failed { generation } => tagged(1, generation),
+            Self::Readonly { generation } => tagged(2, generation),
+        }
+    }
+
+    fn unpack(word: u64) -> Self {
+        match untagged(word) {
+            (1, generation) => Self::Failed { generation },
+            (2, generation) => Self::Readonly { generation },
+            _ => Self::Nothing,
+        }
+    }
 }
 
 /// One server's connection, kept by a background task (see the module's documentation).
@@ -126,10 +185,12 @@ impl Single {
             _ => false,
         };
         if remake && generation > 0 {
-            if kind == StoreErrorKind::Readonly {
-                self.wanted.readonly.store(true, Ordering::Release);
-            }
-            self.wanted.generation.fetch_max(generation, Ordering::AcqRel);
+            let asked = if kind == StoreErrorKind::Readonly {
+                Remake::Readonly { generation }
+            } else {
+                Remake::Failed { generation }
+            };
+            self.wanted.remake.update(|was| (was.and(asked), ()));
             self.wanted.notify.notify_one();
         }
     }
@@ -154,7 +215,9 @@ impl Task {
             let Some(client) = self.resolve().await else { return };
             let info = client.get_connection_info().clone();
             let addr = info.addr().to_string();
-            let readonly = self.wanted.readonly.swap(false, Ordering::AcqRel);
+            // A `READONLY` of a connection made again since is stale: that one is gone.
+            let asked = self.wanted.remake.update(|asked| (Remake::Nothing, asked));
+            let readonly = matches!(asked, Remake::Readonly { generation: g } if g >= generation);
             let remade = generation == 0 || readonly || address.as_ref() != Some(&addr);
             if remade {
                 // Lazy: it connects on the first call, and reconnects by itself after a dropped connection.
@@ -178,7 +241,7 @@ impl Task {
                 tokio::select! {
                     () = self.publish.closed() => return,
                     () = self.wanted.notify.notified() => {
-                        if self.wanted.generation.load(Ordering::Acquire) >= generation {
+                        if self.wanted.remake.load().generation() >= generation {
                             break;
                         }
                     }
@@ -258,4 +321,33 @@ pub(crate) fn spawn_cluster(
         }
     });
     conn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The newer connection's request wins; of one connection, a refusal of writes wins over a failure (it
+    /// remakes the connection at the same address); each survives its packing in one word.
+    #[test]
+    fn a_remake_request_keeps_the_newest_connection_and_readonly() {
+        let failed = |generation| Remake::Failed { generation };
+        let readonly = |generation| Remake::Readonly { generation };
+        assert_eq!(Remake::Nothing.and(failed(2)), failed(2));
+        assert_eq!(failed(2).and(readonly(2)), readonly(2));
+        assert_eq!(
+            readonly(2).and(failed(2)),
+            readonly(2),
+            "a failure does not undo a READONLY"
+        );
+        assert_eq!(
+            readonly(2).and(failed(3)),
+            failed(3),
+            "a READONLY of a connection gone is stale"
+        );
+        assert_eq!(failed(3).and(readonly(2)), failed(3));
+        for r in [Remake::Nothing, failed(7), readonly(1 << 40)] {
+            assert_eq!(Remake::unpack(r.pack()), r);
+        }
+    }
 }
