@@ -92,17 +92,12 @@ impl LocalBucket {
         } else {
             batch = batch.min(fair_share.max(1));
         }
-        // No more than the demand spends in the TTL, even under `min_batch`: a key deciding once per TTL would
-        // give most of a `min_batch` back, a give-back per lease (half of what the warm keys of a Zipf sale leased
-        // went back so), and on a saturated bucket hold it while the others are refused (healthy seed 506: a
-        // bucket of 13 over 64 processes deciding twice a second each sold 81.6 %, 97.4 % so). Saturated and no
-        // demand seen yet, `min_batch`: the turns are spaced for it.
-        let floor = if book.saturated && spendable == u64::MAX {
-            lease.min_batch
-        } else {
-            1
-        };
-        let batch = batch.min(spendable.max(floor)).max(cost);
+        // No more than the demand spends in the TTL, even under `min_batch` (no cap before a demand is seen): a
+        // key deciding once per TTL would give most of a `min_batch` back, a give-back per lease (half of what the
+        // warm keys of a Zipf sale leased went back so), and on a saturated bucket hold it while the others are
+        // refused (healthy seed 506: a bucket of 13 over 64 processes deciding twice a second each sold 81.6 %,
+        // 97.4 % so).
+        let batch = batch.min(spendable.max(1)).max(cost);
         self.planned(&mut book, batch, (decisions, now_ns));
         // Saturated: the calls are spaced by the bucket's turns, and each takes what accumulated, however little
         // (a refusal would cost the same call and admit nothing), up to two batches (within what the demand

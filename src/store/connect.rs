@@ -57,17 +57,14 @@ impl Default for Wanted {
 /// A request to make a connection again, stepped by [`Remake::and`] as calls fail and taken by the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Remake {
+    /// Nothing asked since the task last looked.
     Nothing,
     /// The connection of `generation` failed behind Sentinel (the master may have moved): ask the Sentinels,
     /// and make it again if they name another server.
-    Failed {
-        generation: u64,
-    },
+    Failed { generation: u64 },
     /// The connection of `generation` refused writes (`READONLY`): make it again even when the server's
     /// address is the same.
-    Readonly {
-        generation: u64,
-    },
+    Readonly { generation: u64 },
 }
 
 impl Remake {
