@@ -228,10 +228,11 @@ end
 -- could take up to the top just before the change, in the staircase `rooms` ("stamp:room,...", stamps and rooms
 -- increasing; a new step removes the earlier ones with as much room; beyond 16 steps the two neighbours whose
 -- rooms differ least merge into the later stamp with the lower room). A lease's grant starts the notes
--- (`rooms_from`, its stamp); any other change is noted only once they have started. A give-back that added
--- `added` tokens from the lease stamped `since` first lowers every room noted after that stamp by them (the level
--- would have been that much higher there). Returns the stamp, 0 when nothing is noted.
-local function note_room(key, room, lease, now, since, added)
+-- (`rooms_from`, its stamp); any other change is noted only once they have started. A give-back first lowers,
+-- for each { stamp, added } of `fills` (the tokens it added from the lease so stamped), every room noted after
+-- that stamp by them (the level would have been that much higher there). Returns the stamp, 0 when nothing is
+-- noted.
+local function note_room(key, room, lease, now, fills)
   local s = redis.call('HMGET', key, 'level', 'rooms_from', 'stamps', 'rooms')
   local from, last = tonumber(s[2]) or 0, tonumber(s[3]) or 0
   if not s[1] or (from == 0 and not lease) then return 0 end
@@ -241,7 +242,9 @@ local function note_room(key, room, lease, now, since, added)
   local steps = {}
   for m, r in string.gmatch(s[4] or '', '(%d+):(%d+)') do
     steps[#steps + 1] = { tonumber(m), tonumber(r) }
-    if since and steps[#steps][1] > since then steps[#steps][2] = steps[#steps][2] - added end
+    for _, f in ipairs(fills or {}) do
+      if steps[#steps][1] > f[1] then steps[#steps][2] = steps[#steps][2] - f[2] end
+    end
   end
   while #steps > 0 and steps[#steps][2] >= room do steps[#steps] = nil end
   if #steps == 16 then

@@ -9,7 +9,9 @@
 //! waiting out the turn handed with it (lifted when half a batch expires unspent); a process alone read as a
 //! large fleet whose first lease waits half a TTL (`large_fleet` counts `processes − 1` turns); and a give-back
 //! capped by the room since the oldest lease still held rather than since the lease its tokens came from (each
-//! batch now keeps its lease's stamp).
+//! batch now keeps its lease's stamp); tokens of two leases expiring together, all capped by the older lease's
+//! stamp (a give-back now names each lease's tokens, `Lent`); and a process alone keeping its turn beside the
+//! tokens it gave back (any token that expires now lifts it).
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,6 +81,39 @@ fn tokens_given_back_are_capped_by_the_room_since_their_own_lease() {
     };
     let steps = [(349, 9), (667, 22), (145, 1), (0, 19)];
     assert_eq!(first_undersell((42, 12), lease, &steps), None);
+}
+
+/// A case the proptest found: a process alone leased 19 at 7.66 s, was handed a turn 2.85 s out, and spent 10.
+/// The 9 left expired at 8.05 s and went back, but the turn (its premise: the fleet spends the bucket) was kept,
+/// as under half a batch had expired, and a burst of 20 was refused whole beside the tokens it gave back. A
+/// process alone lifts its turn for any token that goes back.
+#[test]
+fn a_process_alone_lifts_its_turn_for_any_token_it_gives_back() {
+    let lease = Lease {
+        min_batch: 13,
+        max_batch: 19,
+        ttl: Duration::from_millis(385),
+        hot_after: Some(1),
+        reserve: None,
+    };
+    let steps = [(1773, 7), (2334, 14), (1250, 6), (1347, 3), (960, 10), (385, 20)];
+    assert_eq!(first_undersell((38, 4), lease, &steps), None);
+}
+
+/// A case the proptest found: two leases at 4.5 s, 11 tokens then 20, expire with 1 and 20 unspent. Given back
+/// under the older stamp, all 21 were capped by the room the bucket had before the newer lease took its 20 (11),
+/// and the burst at 6.5 s was refused 12 of 21; each lease's tokens under its own stamp all go back.
+#[test]
+fn tokens_of_two_leases_go_back_each_capped_by_the_room_since_its_own() {
+    let lease = Lease {
+        min_batch: 6,
+        max_batch: 11,
+        ttl: Duration::from_millis(1500),
+        hot_after: Some(1),
+        reserve: None,
+    };
+    let steps = [(2485, 6), (2015, 23), (1500, 10), (375, 11), (125, 21)];
+    assert_eq!(first_undersell((45, 10), lease, &steps), None);
 }
 
 proptest! {

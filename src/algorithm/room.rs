@@ -22,6 +22,26 @@ pub const ROOMS: usize = 16;
 /// Stamps per millisecond: a stamp is `now_ms × STAMPS_PER_MS` plus a count within the millisecond.
 pub const STAMPS_PER_MS: u64 = 1000;
 
+/// Tokens a give-back returns from one lease, named by its stamp ([`super::Reply::stamp`]): they add at most the
+/// lowest room the bucket had since that lease ([`Rooms::lowest_since`]). A give-back of tokens from several
+/// leases names each (each lease's own notes cap its own tokens: capped all at the oldest stamp, tokens of a
+/// later lease would lose the room its own grant took, found by `tests/undersell.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lent {
+    /// The stamp of the lease the tokens came from.
+    pub stamp: u64,
+    /// Whole tokens given back.
+    pub tokens: u64,
+}
+
+impl Lent {
+    /// `token_return.lua`'s `since` argument: `stamp:tokens` pairs joined by commas.
+    pub(crate) fn encode(lent: &[Self]) -> String {
+        let pairs: Vec<String> = lent.iter().map(|l| format!("{}:{}", l.stamp, l.tokens)).collect();
+        pairs.join(",")
+    }
+}
+
 /// The room a bucket had at each change of its level since a lease (module docs). `from == 0`: no lease since the
 /// bucket was last full, so nothing is noted and a give-back with a stamp is worth nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -173,6 +193,7 @@ mod tests {
         }
     }
 
+    use crate::algorithm::token_bucket::Back;
     use crate::algorithm::{Pace, TokenBucket};
     use proptest::prelude::*;
 
@@ -188,7 +209,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2_000))]
 
-        /// Leases, takes and give-backs that send their lease's stamp, in any order: what the bucket grants, less
+        /// Leases, takes and give-backs that name their leases (one by one or `merged`, several in a call), in any order: what the bucket grants, less
         /// what comes back, never exceeds its capacity plus its refill over any span of grants. So a fleet that
         /// spends each lease within its TTL admits at most `capacity + rate × (W + ttl)` in any window W.
         #[test]
@@ -197,6 +218,7 @@ mod tests {
             rate in 0u64..300,
             ttl_ms in 1u64..2_000,
             steps in prop::collection::vec((0u64..400, 0u64..4, 1u64..200, 0u64..=100, 0u64..=100), 1..60),
+            merged: bool,
         ) {
             let b = TokenBucket { capacity, rate, per_ms: 1_000 };
             let (mut state, mut now) = (None, 0u64);
@@ -207,12 +229,21 @@ mod tests {
             for (gap, kind, n, back_pct, when_pct) in steps {
                 now += gap;
                 // Give-backs due by now, oldest first, each at its time (never before the last call).
+                // Merged: those due by now go back in one call, each lease's tokens named.
                 out.sort_by_key(|o| o.back_ms);
+                let mut lent = Vec::new();
                 while out.first().is_some_and(|o| o.back_ms <= now) {
                     let o = out.remove(0);
                     last = last.max(o.back_ms);
-                    state = b.give_back(state, o.back, Some(o.stamp), last).0;
+                    lent.push(Lent { stamp: o.stamp, tokens: o.back });
+                    if !merged {
+                        state = b.give_back(state, Back::Lent(&lent), last).0;
+                        lent.clear();
+                    }
                     net.push((o.at_ms, o.granted - o.back));
+                }
+                if !lent.is_empty() {
+                    state = b.give_back(state, Back::Lent(&lent), last).0;
                 }
                 last = now;
                 if kind == 0 {

@@ -8,8 +8,17 @@
 
 use super::hold::{HoldAsk, Holds};
 use super::paced::{Pace, Pending};
-use super::room::Rooms;
+use super::room::{Lent, Rooms};
 use super::{ceil_div, ms, Ban, Reply, MAX_EXACT, NEVER};
+
+/// What a give-back returns ([`TokenBucket::give_back`], `token_return.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Back<'a> {
+    /// Tokens whose leases are not named (a caller of the script that sends no stamp): capped at the top alone.
+    Unnamed(u64),
+    /// The tokens of these leases, each capped by the room the bucket had since its own.
+    Lent(&'a [Lent]),
+}
 
 /// Parameters of one token bucket: `capacity` tokens, refilled with `rate` tokens every `per_ms` milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -431,17 +440,17 @@ impl TokenBucket {
         (new, reply)
     }
 
-    /// Gives `tokens` back at `now_ms`, tokens of the lease stamped `since` (the oldest lease they came from, a
-    /// [`Reply::stamp`]): at most the lowest room the level had at any change after that stamp
-    /// ([`Rooms::lowest_since`]), so tokens the refill already replaced while they were out are not added twice;
-    /// and never above the top (the capacity less what paced leases have yet to release). A missing (full)
-    /// bucket takes nothing. `since = None` (a caller of the script that sends no stamp) caps at the top alone.
+    /// Gives tokens back at `now_ms`: [`Back::Lent`], the tokens of each lease at most the lowest room the level
+    /// had at any change after that lease's stamp ([`Rooms::lowest_since`]), so tokens the refill already replaced
+    /// while they were out are not added twice, and each lease's tokens added lower the rooms noted after its stamp
+    /// before the next lease's are capped ([`Rooms::fill_since`]; the order of the leases does not change the
+    /// sum); [`Back::Unnamed`], a caller of the script that sends no stamp, capped at the top alone. Never above
+    /// the top (the capacity less what paced leases have yet to release). A missing (full) bucket takes nothing.
     /// The reply's `granted` is the number of whole tokens accepted.
     pub(crate) fn give_back(
         &self,
         state: Option<TokenBucketState>,
-        tokens: u64,
-        since: Option<u64>,
+        back: Back<'_>,
         now_ms: u64,
     ) -> (Option<TokenBucketState>, Reply) {
         let Some(state) = state else {
@@ -460,11 +469,18 @@ impl TokenBucket {
         let mut s = self.refill(Some(state), now_ms);
         let before = self.tokens(s.level);
         let room = self.room(&s, now_ms);
-        let tokens = match since {
-            None => tokens,
-            Some(stamp) => {
-                let added = tokens.min(room).min(s.rooms.lowest_since(stamp));
-                s.rooms.fill_since(stamp, added);
+        let tokens = match back {
+            Back::Unnamed(tokens) => tokens,
+            Back::Lent(lent) => {
+                let mut added = 0;
+                for l in lent {
+                    let n = l
+                        .tokens
+                        .min(room.saturating_sub(added))
+                        .min(s.rooms.lowest_since(l.stamp));
+                    s.rooms.fill_since(l.stamp, n);
+                    added += n;
+                }
                 added
             }
         };

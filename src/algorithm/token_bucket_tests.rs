@@ -8,6 +8,40 @@ const NINE_PER_MINUTE: TokenBucket = TokenBucket {
     per_ms: 60_000,
 };
 
+/// Tokens of two leases given back in one call: each capped by the room since its own lease. Under the older
+/// stamp alone, the newer lease's 20 would be capped by the room the bucket had before that lease took them (11),
+/// which it had only because they were still in it (found by `tests/undersell.rs`).
+#[test]
+fn a_give_back_caps_each_leases_tokens_by_the_room_since_its_own_stamp() {
+    let b = TokenBucket {
+        capacity: 45,
+        rate: 10,
+        per_ms: 1_000,
+    };
+    let lease = |s, n| b.lease((s, 0), (1, n, 0), (Pace::default(), None), 0);
+    let (s, _, a) = lease(None, 11);
+    let (s, _, b2) = lease(s, 20);
+    assert_eq!((a.granted, b2.granted, b2.remaining), (11, 20, 14));
+    let named = [
+        Lent {
+            stamp: b2.stamp,
+            tokens: 20,
+        },
+        Lent {
+            stamp: a.stamp,
+            tokens: 1,
+        },
+    ];
+    let (_, back) = b.give_back(s.clone(), Back::Lent(&named), 100);
+    assert_eq!((back.granted, back.remaining), (21, 36), "15 after 0.1 s, and all 21");
+    let oldest = [Lent {
+        stamp: a.stamp,
+        tokens: 21,
+    }];
+    let (_, back) = b.give_back(s, Back::Lent(&oldest), 100);
+    assert_eq!(back.granted, 11, "capped by the room before the newer lease");
+}
+
 /// Found by `simulate --healthy` (seed 70, with slow demands leased unpaced): the store refills for the tokens
 /// a lease holds, so giving them back unspent after their TTL refills the bucket twice. Three leases and two
 /// give-backs then hold 1.24 times the bound of a 0.2 s window: the TTL's tokens in hand and a full level.
@@ -22,10 +56,24 @@ fn tokens_given_back_after_their_ttl_never_let_the_fleet_hold_more_than_the_boun
     let lease = |s, n, now| b.lease((s, 0), (1, n, 0), (Pace::default(), None), now);
     let (s, _, a) = lease(None, 100, 0); // A: the whole burst, spends none
     let (s, _, first) = lease(s, 100, 999); // B: the refill, 49
-    let (s, _) = b.give_back(s, a.granted, Some(a.stamp), 1_000); // A's tokens, expired, go back
+    let (s, _) = b.give_back(
+        s,
+        Back::Lent(&[Lent {
+            stamp: a.stamp,
+            tokens: a.granted,
+        }]),
+        1_000,
+    ); // A's tokens, expired, go back
     let (s, _, c) = lease(s, 100, 1_000); // C: 100, in hand until 2000
     let (s, _, d) = lease(s, 100, 1_998); // D: the refill, 49
-    let (s, _) = b.give_back(s, first.granted, Some(first.stamp), 1_999); // B's, expired, go back
+    let (s, _) = b.give_back(
+        s,
+        Back::Lent(&[Lent {
+            stamp: first.stamp,
+            tokens: first.granted,
+        }]),
+        1_999,
+    ); // B's, expired, go back
     let (_, _, e) = lease(s, 100, 1_999); // E: what the level holds
 
     // At 1999 C, D and E hold tokens leased within the TTL, all spendable in the next 0.2 s.
@@ -155,6 +203,6 @@ fn a_missing_bucket_starts_full_and_a_full_one_is_not_stored() {
     let b = NINE_PER_MINUTE;
     let (s, r) = b.take(None, 1, 1, 5);
     assert_eq!((r.granted, r.remaining, r.reset_after_ms), (1, 8, 6_667));
-    let (s, _) = b.give_back(s, 5, None, 5);
+    let (s, _) = b.give_back(s, Back::Unnamed(5), 5);
     assert_eq!(s, None, "a return that fills the bucket deletes it");
 }

@@ -7,35 +7,54 @@ use std::collections::VecDeque;
 use super::heat::FEWEST_TELLING;
 use super::schedule::{Chunk, Schedule};
 use super::shards::Counts;
+use crate::algorithm::room::Lent;
 #[cfg(doc)]
 use crate::algorithm::Reply;
 
-/// Tokens to give back to the shared bucket, and `since`: the stamp of the oldest lease they may come from
-/// ([`Reply::stamp`]), which caps what they add (`token_return.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Tokens to give back to the shared bucket, by the lease each came from ([`Lent`]: the lease's stamp,
+/// [`Reply::stamp`], caps what its tokens add, `token_return.lua`). One call gives them all back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Unspent {
-    pub(crate) tokens: u64,
-    pub(crate) since: u64,
+    pub(crate) lent: Vec<Lent>,
 }
 
 impl Unspent {
-    /// The tokens of `chunks`, with the oldest of their stamps.
+    /// The tokens of `chunks`, each with its lease's stamp.
     pub(super) fn of(chunks: &[Chunk]) -> Self {
         (chunks.iter()).fold(Self::default(), |unspent, c| unspent.and(c.tokens, c.stamp))
     }
 
-    /// These tokens and `tokens` more of the lease stamped `stamp`: the older stamp of the two, where each has
-    /// tokens.
-    #[must_use]
-    pub(crate) fn and(self, tokens: u64, stamp: u64) -> Self {
-        match (self.tokens, tokens) {
-            (_, 0) => self,
-            (0, _) => Self { tokens, since: stamp },
-            _ => Self {
-                tokens: self.tokens.saturating_add(tokens),
-                since: self.since.min(stamp),
-            },
+    /// `tokens` left of `batches` (oldest first), spent first in, first out: they belong to the newest; any
+    /// beyond what the batches hold (taken and put back meanwhile) are counted to the oldest, whose stamp caps
+    /// the most.
+    pub(super) fn left_of<'a>(batches: impl DoubleEndedIterator<Item = &'a Batch> + Clone, tokens: u64) -> Self {
+        let mut left = tokens;
+        let mut unspent = Self::default();
+        for b in batches.clone().rev() {
+            let n = b.tokens.min(left);
+            unspent = unspent.and(n, b.stamp);
+            left -= n;
         }
+        let oldest = batches.map(|b| b.stamp).next().unwrap_or(0);
+        unspent.and(left, oldest)
+    }
+
+    /// These tokens and `tokens` more of the lease stamped `stamp`.
+    #[must_use]
+    pub(crate) fn and(mut self, tokens: u64, stamp: u64) -> Self {
+        if tokens == 0 {
+            return self;
+        }
+        match self.lent.iter_mut().find(|l| l.stamp == stamp) {
+            Some(l) => l.tokens = l.tokens.saturating_add(tokens),
+            None => self.lent.push(Lent { stamp, tokens }),
+        }
+        self
+    }
+
+    /// The tokens, all leases together.
+    pub(crate) fn tokens(&self) -> u64 {
+        self.lent.iter().map(|l| l.tokens).sum()
     }
 }
 
@@ -234,8 +253,8 @@ pub(super) enum TurnEvent {
     Granted { turn_ns: u64 },
     /// A lease was refused at `now_ns`, told to come back after `retry_after_ns` (not "never").
     StoreRefused { retry_after_ns: u64, now_ns: u64 },
-    /// Half a batch or more expired unspent: the demand was outrun, and the turn's premise (the fleet spends the
-    /// bucket) with it.
+    /// Half a batch or more expired unspent (a process alone: any token): the demand was outrun, and the turn's
+    /// premise (the fleet spends the bucket) with it.
     Outran,
     /// The demand fell under half while waiting for the turn `kept_turn_ns`; a refused probe backs off
     /// `backoff_ns` first.

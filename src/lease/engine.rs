@@ -381,10 +381,7 @@ impl Engine {
                 // The deadlines count from when the lease was sent: never later than the grant.
                 if self.background.is_closed() || !local.add(&reply, sent, plan, now) {
                     // Shut down, retired, or a reply later than its TTL: the tokens go straight back.
-                    let unspent = Unspent {
-                        tokens: reply.granted,
-                        since: reply.stamp,
-                    };
+                    let unspent = Unspent::default().and(reply.granted, reply.stamp);
                     self.give_back(compiled, local, unspent).await;
                 }
             }
@@ -452,8 +449,9 @@ impl Engine {
 
     /// Expires the key's overdue tokens and gives them back in the background.
     fn expire(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, now: u64) {
-        let unspent = local.expire(now);
-        if unspent.tokens > 0 {
+        let alone = self.fallback.processes(&compiled.rule.name) == 1;
+        let unspent = local.expire(now, alone);
+        if unspent.tokens() > 0 {
             let this = self.clone();
             let (compiled, local) = (compiled.clone(), local.clone());
             self.background
@@ -465,15 +463,15 @@ impl Engine {
     /// adds at most the room the bucket had since that lease (so what the refill replaced counts once), capped
     /// at its top.
     pub(crate) async fn give_back(&self, compiled: &Compiled, local: &LocalBucket, unspent: Unspent) {
-        let Unspent { tokens: n, since } = unspent;
+        let n = unspent.tokens();
         // Once: a Cluster client retries a call whose connection dropped after the script ran.
         let call = Call::give_back(&local.store_key, local.bucket, n)
             .once(self.members.next(), self.store.timings.mark)
-            .since(since)
+            .since(unspent.lent.clone())
             .adopted(compiled.adopted_ms);
         match self.store.run(&call).await {
             Ok(reply) => {
-                tracing::trace!(key = %local.store_key, n, since, ?reply, "give-back");
+                tracing::trace!(key = %local.store_key, n, lent = ?unspent.lent, ?reply, "give-back");
                 compiled.metrics.returned_tokens.increment(n);
                 self.returned_tokens.fetch_add(n, Ordering::Relaxed);
             }
@@ -487,7 +485,7 @@ impl Engine {
     fn drain_in_background(self: &Arc<Self>, compiled: &Arc<Compiled>, local: Arc<LocalBucket>) {
         let unspent = local.drain();
         compiled.flush(local.unflushed());
-        if unspent.tokens > 0 {
+        if unspent.tokens() > 0 {
             let (this, compiled) = (self.clone(), compiled.clone());
             self.background
                 .spawn(async move { this.give_back(&compiled, &local, unspent).await });
@@ -589,7 +587,7 @@ impl Engine {
             for entry in compiled.leases.iter() {
                 let unspent = entry.drain();
                 compiled.flush(entry.unflushed());
-                if unspent.tokens > 0 {
+                if unspent.tokens() > 0 {
                     drained.push((compiled.clone(), entry.value().clone(), unspent));
                 }
             }

@@ -10,7 +10,7 @@
 //! ```text
 //!  Free ──refused, or granted with a turn or chunks to come──▶ Until { until }   ──until passed──▶ (as Free)
 //!  Free ──the bucket will never have enough (rate 0)─────────▶ Never { recheck } ──recheck passed──▶ (as Free)
-//!  Until ──half a batch expired unspent──▶ Free         Until ──the demand fell (sample)──▶ Until { last chunk }
+//!  Until ──half a batch (alone: a token) expired unspent──▶ Free    Until ──the demand fell──▶ Until { last chunk }
 //!  None ──a lease failed──▶ Until { until, reason } ──a lease granted──▶ None     (Backoff; as None once passed)
 //!  Measuring, Idle ──claimed──▶ Leasing ──ended──▶ Idle;  any ──evicted, reloaded, shut down──▶ Retired (Slot)
 //! ```

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::algorithm::fleet::Beat;
+use crate::algorithm::room::Lent;
 use crate::algorithm::{ms, HoldAsk, LeakyBucket, Pace, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
@@ -43,15 +44,16 @@ pub(crate) enum Op {
     },
     /// `token_return.lua`: give `tokens` back (capped at the capacity). With an
     /// `id`, applied once however often the call is sent (the mark `{key}:return:{id}`, kept `mark_ms`): a
-    /// give-back retried after a connection dropped once the script ran does not add the tokens twice. `since`:
-    /// the stamp of the oldest lease the tokens came from ([`crate::algorithm::Reply::stamp`]), which caps what
-    /// they add at the room the bucket had since (sent with an `id` only).
+    /// give-back retried after a connection dropped once the script ran does not add the tokens twice. `lent`:
+    /// the tokens by the lease each came from ([`Lent`], named by its [`crate::algorithm::Reply::stamp`]; their
+    /// sum is `tokens`), each capped at the room the bucket had since its lease (sent with an `id` only); empty
+    /// when not named.
     TokenReturn {
         bucket: TokenBucket,
         tokens: u64,
         id: Option<String>,
         mark_ms: u64,
-        since: Option<u64>,
+        lent: Vec<Lent>,
     },
     /// `token_acquire.lua`: take `cost` now, into debt, when the wait for the debt fits in `max_wait_ms`.
     TokenAcquire {
@@ -410,13 +412,13 @@ impl Call {
                 tokens,
                 id,
                 mark_ms,
-                since,
+                lent,
             } => {
                 let mut v = bucket(b).to_vec();
                 v.push(int(*tokens));
                 if id.is_some() {
                     v.push(int(*mark_ms));
-                    v.push(since.map_or(Arg::Int(-1), int));
+                    v.push(if lent.is_empty() { Arg::Int(-1) } else { Arg::Lent(lent) });
                 }
                 v
             }

@@ -18,6 +18,7 @@ use super::connect::{self, Single};
 use super::eviction::EvictionWatch;
 use super::target::{self, tcp_settings, Target};
 use super::{BoxFuture, Store};
+use crate::algorithm::room::Lent;
 use crate::algorithm::Reply;
 use crate::config::RedisConfig;
 use crate::decision::Source;
@@ -389,6 +390,7 @@ impl RedisStore {
             match arg {
                 Arg::Int(v) => invocation.arg(v),
                 Arg::Str(s) => invocation.arg(s),
+                Arg::Lent(lent) => invocation.arg(Lent::encode(lent)),
             };
         }
         let started = Instant::now();

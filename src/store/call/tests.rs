@@ -46,9 +46,12 @@ fn keys_and_argv_follow_the_script_headers() {
         [10, 1, 1_000, 3, 12_000, -1].map(Arg::Int),
         "the mark kept 12 s; no lease's stamp"
     );
-    let since = Call::give_back("tl:{r:k}", b, 3)
+    let lent = [(1_700_000_000_000_007, 2), (1_700_000_000_001_000, 1)].map(|(stamp, tokens)| Lent { stamp, tokens });
+    let since = Call::give_back("tl:{r:k}", b, 0)
         .once("p.1-8", mark)
-        .since(1_700_000_000_000_007);
-    assert_eq!(since.args()[5], Arg::Int(1_700_000_000_000_007));
+        .since(lent.to_vec());
+    assert_eq!(since.args()[3], Arg::Int(3), "the tokens of the leases named");
+    assert_eq!(since.args()[5], Arg::Lent(&lent));
+    assert_eq!(Lent::encode(&lent), "1700000000000007:2,1700000000001000:1");
     assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");
 }

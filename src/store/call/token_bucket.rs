@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::{Call, Op};
+use crate::algorithm::room::Lent;
 use crate::algorithm::{HoldAsk, Pace, TokenBucket};
 
 impl Call {
@@ -79,18 +80,20 @@ impl Call {
                 tokens,
                 id: None,
                 mark_ms: 0,
-                since: None,
+                lent: Vec::new(),
             },
         )
     }
 
-    /// This give-back (of [`Call::give_back`]) of tokens leased since `stamp` (a lease's
-    /// [`crate::algorithm::Reply::stamp`]): they add at most the room the bucket had since. Applies to a call
-    /// made [`Call::once`] (the script reads the stamp after the hold); other calls are returned unchanged.
+    /// This give-back (of [`Call::give_back`]) of the tokens of the leases `lent` names ([`Lent`], by the
+    /// [`crate::algorithm::Reply::stamp`] of each): its tokens become their sum, and each lease's add at most the
+    /// room the bucket had since it. Applies to a call made [`Call::once`] (the script reads the stamps after the
+    /// mark); other calls are returned unchanged.
     #[must_use]
-    pub(crate) fn since(mut self, stamp: u64) -> Self {
-        if let Op::TokenReturn { since, .. } = &mut self.op {
-            *since = Some(stamp);
+    pub(crate) fn since(mut self, lent: Vec<Lent>) -> Self {
+        if let Op::TokenReturn { tokens, lent: at, .. } = &mut self.op {
+            *tokens = lent.iter().map(|l| l.tokens).sum();
+            *at = lent;
         }
         self
     }

@@ -4,6 +4,7 @@
 
 use super::hash::{Fields, Marks};
 use super::{MemoryStore, State};
+use crate::algorithm::token_bucket::Back;
 use crate::algorithm::{Ban, Reply, TokenBucket, TokenBucketState};
 use crate::error::StoreError;
 use crate::store::bad_args;
@@ -51,15 +52,20 @@ impl MemoryStore {
                 tokens,
                 id: Some(id),
                 mark_ms,
-                since,
+                lent,
             } => self.update_bucket_with(*bucket, at, |bucket, old, _, marks, _| {
                 // A give-back to a full bucket adds nothing and still leaves its mark, so that a retry after a
                 // take adds nothing either (token_return.lua).
-                once((&bucket, old, now), marks, (id, *tokens, *mark_ms), *since)
+                let back = if lent.is_empty() {
+                    Back::Unnamed(*tokens)
+                } else {
+                    Back::Lent(lent)
+                };
+                once((&bucket, old, now), marks, (id, *mark_ms), back)
             }),
-            Op::TokenReturn { bucket, tokens, .. } => {
-                self.update_bucket(*bucket, at, |bucket, old, _| bucket.give_back(old, *tokens, None, now))
-            }
+            Op::TokenReturn { bucket, tokens, .. } => self.update_bucket(*bucket, at, |bucket, old, _| {
+                bucket.give_back(old, Back::Unnamed(*tokens), now)
+            }),
             _ => Err(bad_args(call, "not a token-bucket call")),
         }
     }
@@ -126,23 +132,22 @@ impl MemoryStore {
     }
 }
 
-/// A give-back of `n` tokens applied once under the mark `id` kept `mark_ms` (`token_return.lua` with its mark),
-/// at `now` to `old`: a mark that exists means applied already, and the reply gives what it added then with the
-/// bucket as it is now, nothing written.
+/// A give-back applied once under the mark `id` kept `mark_ms` (`token_return.lua` with its mark), at `now` to
+/// `old`: a mark that exists means applied already, and the reply gives what it added then with the bucket as it
+/// is now, nothing written.
 fn once(
     (bucket, old, now): (&TokenBucket, Option<TokenBucketState>, u64),
     marks: &mut Marks,
-    (id, n, mark_ms): (&str, u64, u64),
-    since: Option<u64>,
+    (id, mark_ms): (&str, u64),
+    back: Back<'_>,
 ) -> (Option<TokenBucketState>, Reply) {
-    let apply = |old, n| bucket.give_back(old, n, since, now);
     marks.retain(|(_, _, until)| *until > now);
     if let Some(&(_, applied, _)) = marks.iter().find(|(mark, ..)| mark == id) {
-        let (_, mut reply) = apply(old.clone(), 0);
+        let (_, mut reply) = bucket.give_back(old.clone(), Back::Unnamed(0), now);
         reply.granted = applied;
         return (old, reply);
     }
-    let (new, reply) = apply(old, n);
+    let (new, reply) = bucket.give_back(old, back, now);
     let mark_ms = if mark_ms == 0 {
         crate::clock::millis(Timings::GIVE_BACK_MARK)
     } else {

@@ -3,6 +3,7 @@
 
 use super::harness::EveryStore;
 use super::token_bucket::{acquire, bucket, connect, give, paced, redis_bucket, take};
+use crate::algorithm::room::Lent;
 use crate::algorithm::{HoldAsk, Reply};
 use crate::store::call::Arg;
 use crate::store::call::Op;
@@ -17,6 +18,7 @@ fn run_persisting(con: &mut redis::Connection, call: &Call) -> Reply {
         match arg {
             Arg::Int(v) => eval.arg(v),
             Arg::Str(s) => eval.arg(s),
+            Arg::Lent(lent) => eval.arg(Lent::encode(lent)),
         };
     }
     let (values,): (Vec<i64>,) = redis::pipe()
@@ -76,7 +78,7 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
     let mut older = 0;
     // Replies that held tokens, and calls that found a hold ended (the level refilled up to its end).
     let (mut holding, mut ended) = (0, 0);
-    for i in 0..800 {
+    for i in 0..1_000 {
         let k = next(3);
         let (cap, rate, per) = params[usize::try_from(if reloads { next(6) } else { 3 * k % 6 + 1 }).expect("idx")];
         let key = format!("tl:{{r:{k}}}");
@@ -107,13 +109,18 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
             }
             // Give-backs without a stamp: 0 to 9 tokens.
             0 => give(&key, params, next(10), now),
-            // A give-back of a lease's tokens, capped by the room since its stamp (one of the last leases', or
-            // one from before the notes).
+            // A give-back of the tokens of one to three leases, each capped by the room since its stamp (one
+            // of the last leases', or one from before the notes).
             6 => {
-                let since = stamps.get(usize::try_from(next(4)).expect("idx")).copied().unwrap_or(1);
-                Call::give_back(&key, bucket(params), next(2 * cap))
+                let lent = (0..1 + next(3))
+                    .map(|_| Lent {
+                        stamp: stamps.get(usize::try_from(next(4)).expect("idx")).copied().unwrap_or(1),
+                        tokens: next(cap),
+                    })
+                    .collect();
+                Call::give_back(&key, bucket(params), 0)
                     .once(format!("m.{i}"), std::time::Duration::from_secs(10))
-                    .since(since)
+                    .since(lent)
                     .at(now)
             }
             1 => acquire(&key, params, 1 + next(cap), next(5_000), now),
@@ -142,13 +149,8 @@ async fn play(mut seed: u64, reloads: bool, gap_ms: u64) {
             stamps.insert(0, a.stamp);
             stamps.truncate(4);
         }
-        if let (
-            Op::TokenReturn {
-                tokens, since: Some(_), ..
-            },
-            Some(s),
-        ) = (&call.op, redis_bucket(&mut con, &key))
-        {
+        let named = matches!(&call.op, Op::TokenReturn { lent, .. } if !lent.is_empty());
+        if let (Op::TokenReturn { tokens, .. }, Some(s), true) = (&call.op, redis_bucket(&mut con, &key), named) {
             // Fewer accepted than given, and the level still below its top: the notes capped it.
             let top = (i128::from(s.bucket.capacity) - i128::from(s.paced.at(now))) * i128::from(s.bucket.per_ms);
             capped += usize::from(a.granted < *tokens && i128::from(s.level) < top);
