@@ -89,23 +89,48 @@ impl Heard {
     }
 }
 
+/// How a rule's last beat went: what [`Fleet::join`] answers while none was answered, and whether the next beat
+/// comes soon ([`Fleet::is_urgent`]).
+///
+/// ```text
+///  Unsent ──answered──▶ Answered ──failed──▶ Failed ──answered──▶ Answered
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LastBeat {
+    /// No beat sent yet.
+    Unsent,
+    /// The roster answered it.
+    Answered,
+    /// The store failed it: its error's kind and message.
+    Failed { kind: StoreErrorKind, message: String },
+}
+
+/// A rule's beats as this process has them, under one lock, stepped by [`Fleet::beat`].
+#[derive(Debug)]
+struct Beats {
+    /// The roster's count as this process took it.
+    heard: Heard,
+    /// How the last beat went.
+    last: LastBeat,
+}
+
 /// What this process knows of one rule's fleet.
 #[derive(Debug)]
 pub(crate) struct Seen {
     rule: String,
-    /// The roster's count as this process took it.
-    heard: Mutex<Heard>,
+    beats: Mutex<Beats>,
     /// The first beat, which the rule's first lease waits for.
     joined: OnceCell<()>,
-    /// The last beat's failure (kind and message), `None` once a beat is answered: [`Fleet::join`] answers it
-    /// while none was, and the beats come every [`Timings::BEAT_SOON`] while it is set.
-    failed: Mutex<Option<(StoreErrorKind, String)>>,
     gauge: metrics::Gauge,
 }
 
 impl Seen {
+    fn beats(&self) -> std::sync::MutexGuard<'_, Beats> {
+        self.beats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn heard(&self) -> Heard {
-        *self.heard.lock().unwrap_or_else(PoisonError::into_inner)
+        self.beats().heard
     }
 
     /// Whether one of this process's beats of the rule was answered.
@@ -186,10 +211,10 @@ impl Fleet {
         if seen.is_answered() {
             return Ok(());
         }
-        let failed = seen.failed.lock().unwrap_or_else(PoisonError::into_inner);
-        let (kind, message) = failed
-            .clone()
-            .unwrap_or((StoreErrorKind::Other, "no beat answered yet".into()));
+        let (kind, message) = match &seen.beats().last {
+            LastBeat::Failed { kind, message } => (*kind, message.clone()),
+            LastBeat::Unsent | LastBeat::Answered => (StoreErrorKind::Other, "no beat answered yet".into()),
+        };
         Err(beat_error(
             kind,
             format!("the fleet's roster has not answered this process: {message}"),
@@ -203,9 +228,11 @@ impl Fleet {
         let seen = self.rules.entry(rule.to_owned()).or_insert_with(|| {
             Arc::new(Seen {
                 rule: rule.to_owned(),
-                heard: Mutex::new(Heard::Unanswered),
+                beats: Mutex::new(Beats {
+                    heard: Heard::Unanswered,
+                    last: LastBeat::Unsent,
+                }),
                 joined: OnceCell::new(),
-                failed: Mutex::new(None),
                 gauge: telemetry::fleet_processes(rule),
             })
         });
@@ -217,9 +244,10 @@ impl Fleet {
         self.rules.iter().map(|e| e.value().clone()).collect()
     }
 
-    /// Whether the next beat for `seen`'s rule should come soon: none was answered yet, or the last one failed.
+    /// Whether the next beat for `seen`'s rule should come soon: the last one was not answered (none was sent,
+    /// or it failed).
     pub(crate) fn is_urgent(&self, seen: &Seen) -> bool {
-        !seen.is_answered() || seen.failed.lock().unwrap_or_else(PoisonError::into_inner).is_some()
+        seen.beats().last != LastBeat::Answered
     }
 
     /// This member's beat with the roster's timings, staying or leaving.
@@ -256,18 +284,21 @@ impl Fleet {
         let reply = match self.store.run_past_breaker(&call).await {
             Ok(reply) => reply,
             Err(error) => {
-                *seen.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some((error.kind, error.message.clone()));
+                seen.beats().last = LastBeat::Failed {
+                    kind: error.kind,
+                    message: error.message.clone(),
+                };
                 return Err(error);
             }
         };
         let count = Count::from_reply(&reply);
         let now = self.now_ms();
         let processes = {
-            let mut heard = seen.heard.lock().unwrap_or_else(PoisonError::into_inner);
-            *heard = heard.answered(count.processes, now);
-            heard.processes().unwrap_or(count.processes)
+            let mut beats = seen.beats();
+            beats.heard = beats.heard.answered(count.processes, now);
+            beats.last = LastBeat::Answered;
+            beats.heard.processes().unwrap_or(count.processes)
         };
-        *seen.failed.lock().unwrap_or_else(PoisonError::into_inner) = None;
         seen.gauge.set(processes as f64);
         // Redis answers on its wall clock (`TIME`); the in-process store on the limiter's monotonic one, so the
         // series exists only where it means something (registered at its first reading, once a second at most).
