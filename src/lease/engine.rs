@@ -271,8 +271,7 @@ impl Engine {
             if let Some(decision) = self.answer_locally(compiled, &local, cost, now).map(Answer::decision) {
                 return Some((decision, true));
             }
-            let alone = self.fallback.processes(&compiled.rule.name) == 1;
-            if local.release_early(cost, now, alone) {
+            if local.release_early(cost, now, self.fallback.processes(&compiled.rule.name)) {
                 continue;
             }
             if let Some(reason) = local.failing(now) {
