@@ -377,7 +377,7 @@ impl LocalBucket {
     ///
     /// Callers taking tokens meanwhile take the oldest first, so what is removed may include tokens of a live
     /// batch: those go back to the shared bucket too, never spent twice.
-    pub(crate) fn expire(&self, now_ns: u64, alone: bool) -> Unspent {
+    pub(crate) fn expire(&self, now_ns: u64, processes: u64) -> Unspent {
         let mut book = self.lock();
         Self::attribute(&mut book, self.tokens.total());
         let ttl_ns = nanos(self.lease.ttl);
@@ -402,18 +402,16 @@ impl LocalBucket {
             .map(|b| b.tokens)
             .sum();
         let expired = self.tokens.remove(current.saturating_sub(live));
-        // What is left belongs to the newest leases: the expired tokens to the oldest of those past their
-        // deadline, whose stamp caps what they add back (a live batch's tokens taken meanwhile are younger).
         // What is left belongs to the newest leases (a live batch's tokens taken meanwhile are younger): each
         // expired batch's stamp caps what its own tokens add back.
         let unspent = Unspent::left_of(book.batches.iter().filter(|b| b.deadline_ns <= now_ns), expired);
         book.batches.retain(|b| b.deadline_ns > now_ns);
         // Half a batch or more left unspent: the lease outran the demand, and the turn handed with it (its premise:
         // the fleet spends the bucket) is lifted, the next caller leasing at once what goes back now. A process
-        // `alone` on the bucket lifts it for any token that goes back: no other process takes it, so a turn
-        // kept would refuse its callers beside a bucket it refilled (a proptest case: 9 of a batch of 19 went back
-        // and a burst of 20 was refused whole, `tests/undersell.rs`).
-        let outran = expired.saturating_mul(2) >= book.batch.max(1) || (alone && expired > 0);
+        // alone on the bucket (`processes`: the fleet's count) lifts it for any token that goes back: no other
+        // process takes it, so a turn kept would refuse its callers beside a bucket it refilled (a proptest case:
+        // 9 of a batch of 19 went back and a burst of 20 was refused whole, `tests/undersell.rs`).
+        let outran = expired.saturating_mul(2) >= book.batch.max(1) || (processes <= 1 && expired > 0);
         if outran && book.schedule.next_ns().is_none() {
             book.turn = book.turn.step(TurnEvent::Outran).0;
             self.wait.store(Wait::Free);

@@ -47,7 +47,7 @@ fn tokens_that_expire_together_go_back_under_their_own_leases_stamps() {
     assert!(b.add(&stamped(11, 7_000), 0, plan, 0));
     assert!(b.add(&stamped(20, 7_001), 0, plan, 0));
     assert!(matches!(b.try_take(10, MS), Take::Taken { .. }));
-    let unspent = b.expire(200 * MS, false);
+    let unspent = b.expire(200 * MS, 4);
     let lent = |stamp, tokens| crate::algorithm::room::Lent { stamp, tokens };
     assert_eq!(unspent.lent, [lent(7_001, 20), lent(7_000, 1)]);
     assert_eq!(unspent.tokens(), 21);
@@ -57,7 +57,7 @@ fn tokens_that_expire_together_go_back_under_their_own_leases_stamps() {
 /// what goes back; in a fleet, half a batch does.
 #[test]
 fn a_process_alone_lifts_its_turn_when_a_token_expires() {
-    for (alone, lifted) in [(false, false), (true, true)] {
+    for (processes, lifted) in [(4, false), (1, true)] {
         let b = local_bucket();
         let plan = b.plan(1000, 1, 0);
         let turn = Reply {
@@ -66,9 +66,9 @@ fn a_process_alone_lifts_its_turn_when_a_token_expires() {
         };
         assert!(b.add(&turn, 0, plan, 0));
         assert!(matches!(b.try_take(plan.batch - 1, MS), Take::Taken { .. }));
-        assert_eq!(b.expire(200 * MS, alone).tokens(), 1);
+        assert_eq!(b.expire(200 * MS, processes).tokens(), 1);
         let refused = matches!(b.try_take(1, 201 * MS), Take::Exhausted { .. });
-        assert_eq!(!refused, lifted, "alone: {alone}");
+        assert_eq!(!refused, lifted, "{processes} processes");
     }
 }
 
@@ -85,12 +85,12 @@ fn expiry_gives_back_only_what_older_batches_left() {
         "a reply after its deadline is not added"
     );
     // 16 left: 6 of the first batch, 10 of the second. At 200 ms the first batch's 6 expire.
-    assert_eq!(b.expire(200 * MS - 1, false).tokens(), 0);
-    assert_eq!(b.expire(200 * MS, false).tokens(), 6);
+    assert_eq!(b.expire(200 * MS - 1, 4).tokens(), 0);
+    assert_eq!(b.expire(200 * MS, 4).tokens(), 6);
     assert_eq!(b.available(), 10);
     assert!(matches!(b.try_take(3, 201 * MS), Take::Taken { .. }));
     assert_eq!(b.available(), 7);
-    assert_eq!(b.expire(300 * MS, false).tokens(), 7);
+    assert_eq!(b.expire(300 * MS, 4).tokens(), 7);
     assert_eq!(b.available(), 0);
     assert!(!b.has_expired(10_000 * MS), "nothing left to expire");
     assert!(b.add(&grant(5), 10_000 * MS, plan, 10_000 * MS));
@@ -261,10 +261,10 @@ fn a_paced_grant_is_spent_a_chunk_at_a_time_and_its_rest_goes_back_at_drain() {
     assert!(!b.below_watermark(0, 150 * MS), "no lease while chunks are to come");
     assert!(!b.has_expired(200 * MS - 1));
     assert!(b.has_expired(200 * MS));
-    assert_eq!(b.expire(200 * MS, false).tokens(), 0);
+    assert_eq!(b.expire(200 * MS, 4).tokens(), 0);
     assert_eq!((b.available(), b.scheduled()), (10, 15));
     // Unspent, the chunk released at 200 ms goes back at 400 ms, when the last chunk comes.
-    assert_eq!(b.expire(400 * MS, false).tokens(), 10);
+    assert_eq!(b.expire(400 * MS, 4).tokens(), 10);
     assert_eq!((b.available(), b.scheduled()), (15, 0));
     assert!(b.add(&grant(30), 400 * MS, plan, 401 * MS));
     // Drained: what is left and what was still to come go back.
@@ -290,7 +290,7 @@ fn a_demand_that_outruns_the_pace_takes_the_chunks_early_then_waits_for_its_turn
     }
     // All out: refused until the turn the bucket handed (101 ms + 500 ms), not the last chunk's time.
     assert!(!b.release_early(1, now, 1));
-    assert_eq!(b.expire(now + 200 * MS, false).tokens(), 0);
+    assert_eq!(b.expire(now + 200 * MS, 4).tokens(), 0);
     assert_eq!(b.try_take(1, now + 200 * MS), Take::Exhausted { retry_ns: 281 * MS });
     assert_eq!(b.try_take(1, 601 * MS), Take::Empty);
 }

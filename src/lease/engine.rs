@@ -448,8 +448,7 @@ impl Engine {
 
     /// Expires the key's overdue tokens and gives them back in the background.
     fn expire(self: &Arc<Self>, compiled: &Arc<Compiled>, local: &Arc<LocalBucket>, now: u64) {
-        let alone = self.fallback.processes(&compiled.rule.name) == 1;
-        let unspent = local.expire(now, alone);
+        let unspent = local.expire(now, self.fallback.processes(&compiled.rule.name));
         if unspent.tokens() > 0 {
             let this = self.clone();
             let (compiled, local) = (compiled.clone(), local.clone());

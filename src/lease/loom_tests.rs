@@ -153,7 +153,7 @@ fn an_expiry_racing_a_stealing_taker_keeps_no_token_of_an_expired_batch() {
                 b.try_take(1, 200 * MS)
             })
         };
-        let expired = b.expire(200 * MS, false).tokens();
+        let expired = b.expire(200 * MS, 4).tokens();
         let taken = match t.join().unwrap() {
             Take::Taken { .. } => 1,
             _ => 0,
