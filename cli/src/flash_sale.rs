@@ -31,9 +31,13 @@ pub struct Args {
     /// Worker processes.
     #[arg(long, default_value_t = 4)]
     processes: u32,
-    /// Tokio tasks per process, each calling `check` in a tight loop.
+    /// Tokio tasks per process, each calling `check` in a tight loop (or once per `--every`).
     #[arg(long, default_value_t = 32)]
     tasks: u32,
+    /// Paces each task to one decision per this interval (humantime: 10ms), as a client fleet's requests arrive,
+    /// instead of a tight loop. A decision that takes longer delays the next; missed ticks are not made up.
+    #[arg(long, value_parser = parse_every)]
+    every: Option<Duration>,
     /// How long to run (humantime: 10s, 1m).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -65,6 +69,15 @@ pub struct Args {
     /// Print one JSON object on the last line.
     #[arg(long)]
     json: bool,
+}
+
+/// `--every`: a humantime duration of at least a microsecond.
+fn parse_every(text: &str) -> Result<Duration, String> {
+    let every = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if every < Duration::from_micros(1) {
+        return Err("--every must be at least 1us".into());
+    }
+    Ok(every)
 }
 
 fn epoch_us() -> u64 {
@@ -187,6 +200,7 @@ pub fn run(args: Args) -> Result<ExitCode, String> {
         keys: args.keys,
         zipf: args.zipf,
         tasks: args.tasks,
+        every_us: args.every.map(|e| u64::try_from(e.as_micros()).unwrap_or(u64::MAX)),
         users: args.users,
         duration_ms: u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX),
         start_at_ms,

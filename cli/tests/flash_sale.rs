@@ -250,3 +250,35 @@ fn zipf_needs_keys() {
         .expect("run tokenlease");
     assert!(!out.status.success(), "--keys 0 is refused");
 }
+
+#[test]
+fn every_paces_each_task_to_one_decision_per_interval() {
+    let report = run(&[
+        "--processes",
+        "1",
+        "--tasks",
+        "4",
+        "--every",
+        "20ms",
+        "--duration",
+        "1s",
+        "--json",
+        "--redis",
+        "memory",
+    ]);
+    let attempts = report["attempts"].as_u64().expect("attempts");
+    // Four tasks, a tick each 20 ms over 1 s (and the first at the start): at most 4 × 51. A tight loop makes
+    // millions; a paced one that ran at all makes at least a few per task.
+    assert!((20..=204).contains(&attempts), "{report}");
+    assert_eq!(report["every_us"], 20_000);
+}
+
+#[test]
+fn every_below_a_microsecond_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokenlease"))
+        .args(["flash-sale", "--every", "0s", "--redis", "memory"])
+        .output()
+        .expect("run tokenlease");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--every"));
+}

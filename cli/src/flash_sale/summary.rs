@@ -61,7 +61,14 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             "one store call per decision"
         }
     );
-    println!("  processes × tasks     {processes} × {}", args.tasks);
+    match args.every {
+        Some(every) => println!(
+            "  processes × tasks     {processes} × {}, each one decision every {}",
+            args.tasks,
+            humantime::format_duration(every)
+        ),
+        None => println!("  processes × tasks     {processes} × {}", args.tasks),
+    }
     println!("  span                  {span_s:.3} s");
     println!(
         "  capacity, rate        {} tokens, {rate_per_s} /s (lease ttl {lease_ttl_s} s)",
@@ -161,6 +168,7 @@ pub(super) fn print(run: &Run<'_>, total: &Report, hist: &Histogram<u64>) -> boo
             "lease": !args.no_lease,
             "processes": processes,
             "tasks": args.tasks,
+            "every_us": args.every.map(|e| e.as_micros()),
             "span_s": span_s,
             "capacity": limits.capacity,
             "rate_per_s": rate_per_s,

@@ -32,6 +32,9 @@ pub(super) struct Spec {
     /// The Zipf exponent of the draw (0: uniform).
     pub(super) zipf: f64,
     pub(super) tasks: u32,
+    /// With `--every`: each task's interval between decisions, in µs (`None`: a tight loop).
+    #[serde(default)]
+    pub(super) every_us: Option<u64>,
     pub(super) users: u32,
     pub(super) duration_ms: u64,
     pub(super) start_at_ms: u64,
@@ -143,9 +146,21 @@ async fn run_task(
         ..Report::default()
     };
     let mut hist = new_histogram()?;
+    let mut pace = spec.every_us.map(|us| {
+        // Tasks start spread over the interval (a golden-ratio stride by process and task), not all on one tick.
+        let seat = u64::from(spec.index) * u64::from(spec.tasks) + u64::from(task);
+        let offset_us = (seat.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % us;
+        let first = tokio::time::Instant::now() + Duration::from_micros(offset_us);
+        let mut pace = tokio::time::interval_at(first, Duration::from_micros(us));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        pace
+    });
     let mut i: u64 = 0;
     loop {
         i += 1;
+        if let Some(pace) = &mut pace {
+            pace.tick().await;
+        }
         let user_turn = spec.users > 0 && i.is_multiple_of(8);
         // With `--keys`, the SKU is drawn before the clock starts: the latency is the decision's alone.
         let (sku, key) = match &mut skus {
@@ -185,7 +200,7 @@ async fn run_task(
         }
         let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         hist.saturating_record(took.max(1));
-        if i.is_multiple_of(64) {
+        if pace.is_none() && i.is_multiple_of(64) {
             tokio::task::yield_now().await;
         }
     }
