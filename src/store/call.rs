@@ -10,12 +10,8 @@ use crate::algorithm::{ms, HoldAsk, LeakyBucket, Pace, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
 
 pub(crate) use super::script::Script;
-use arg::int;
-pub(crate) use arg::Arg;
 pub(crate) use members::Members;
 
-mod arg;
-mod fleet;
 mod members;
 mod token_bucket;
 
@@ -105,6 +101,20 @@ pub(crate) enum Op {
     Fleet(Beat),
 }
 
+/// An argument of a script, in `ARGV` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arg<'a> {
+    Int(i64),
+    Str(&'a str),
+    /// A give-back's tokens by lease, sent as `stamp:tokens` pairs joined by commas ([`Lent::encode`]).
+    Lent(&'a [Lent]),
+}
+
+/// An integer argument (tokens or ms), saturating at `i64::MAX`.
+pub(crate) fn int(v: u64) -> Arg<'static> {
+    Arg::Int(ms(v))
+}
+
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
@@ -141,6 +151,11 @@ impl Call {
             timeout: None,
             adopted_ms: 0,
         }
+    }
+
+    /// `fleet.lua`: `beat` in the roster `key` ([`roster_key`]).
+    pub(crate) fn beat(key: impl Into<String>, beat: Beat) -> Self {
+        Self::new(key, Op::Fleet(beat))
     }
 
     /// `sliding_log.lua`.
