@@ -10,7 +10,6 @@ use crate::algorithm::Reply;
 use crate::decision::Source;
 use crate::error::{StoreError, StoreErrorKind};
 
-pub(crate) mod breaker;
 pub(crate) mod call;
 pub(crate) mod condition;
 mod connect;
