@@ -106,7 +106,7 @@ pub(crate) fn adopted_now(clock: &dyn Clock) -> u64 {
 pub(crate) struct Compiled {
     /// Unique for the life of the process, never reused (unlike the compiled rule's address, which a rule
     /// compiled after this one was dropped may get): what caches outside the limiter key this rule by
-    /// (`lease/nearby.rs`, invariant 20).
+    /// (`nearby.rs`, invariant 20).
     pub(crate) generation: u64,
     /// When this process adopted the rule's parameters (ms since the Unix epoch, [`adopted_now`]): its start, or
     /// the reload that changed the rule. Sent with every token-bucket call; the bucket's hash keeps the latest it
@@ -136,7 +136,7 @@ pub(crate) struct Compiled {
 
 impl Drop for Compiled {
     /// The rule's limiter (or the reload that replaced it) let it go: its buckets are retired, so that a thread's
-    /// cache that still holds one (`lease/nearby.rs`) never answers from it. Their tokens are lost with the rule
+    /// cache that still holds one (`nearby.rs`) never answers from it. Their tokens are lost with the rule
     /// (a limiter dropped without [`crate::Limiter::shutdown`] gives nothing back).
     fn drop(&mut self) {
         for entry in self.leases.iter() {

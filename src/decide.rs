@@ -17,7 +17,7 @@ use crate::decision::{Decision, Source};
 use crate::error::{Error, FailReason};
 use crate::lease::bucket::LocalBucket;
 use crate::lease::engine::{unleased, Answer, Engine};
-use crate::lease::nearby;
+use crate::nearby;
 use crate::rule::{self, Algorithm};
 use crate::store::call::{store_key, Call};
 
@@ -49,14 +49,14 @@ impl Engine {
     /// rule's refusal turned into an allowance, as [`Compiled::shadowed`]), `None` when anything else decides
     /// the call, an invalid one or a shut-down limiter's included ([`Engine::decide_now`] says which). Plain
     /// integers, because a `Decision` returned through a closure is copied in 16-byte moves that stall on the
-    /// field-by-field stores that wrote it (`limiter/last_rule.rs`).
+    /// field-by-field stores that wrote it (`nearby.rs`).
     #[inline(always)]
     pub(crate) fn answer_now(self: &Arc<Self>, compiled: &Arc<Compiled>, key: &str, cost: u64) -> Option<Answer> {
         if !compiled.leased || cost == 0 || self.background.is_closed() || self.validate(compiled, key, cost).is_err() {
             return None;
         }
         let now = self.recent.now_ns();
-        let answer = nearby::with(compiled.generation, key, |local| {
+        let answer = nearby::bucket(compiled.generation, key, |local| {
             self.answer_live(compiled, local, cost, now)
         })??;
         Some(if compiled.rule.shadow {
@@ -106,11 +106,11 @@ impl Engine {
         let decide = |local: &Arc<LocalBucket>| self.answer_live(compiled, local, cost, now);
         // This thread's cache first: the map's shard lock is a line every deciding thread writes.
         let rule = compiled.generation;
-        let answer = match nearby::with(rule, key, decide) {
+        let answer = match nearby::bucket(rule, key, decide) {
             Some(answer) => answer,
             None => match compiled.leases.get(key) {
                 Some(local) => {
-                    nearby::put(rule, local.value());
+                    nearby::keep_bucket(rule, local.value());
                     decide(local.value())
                 }
                 None => None,

@@ -18,6 +18,7 @@ mod fleet;
 pub mod http;
 mod lease;
 mod limiter;
+mod nearby;
 mod packed;
 mod queue;
 mod refusals;

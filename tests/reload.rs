@@ -240,7 +240,7 @@ async fn a_process_that_has_not_reloaded_keeps_a_lowered_rate_on_redis() {
 }
 
 /// Two limiters on one thread, each with a rule named "post" of its own limit: a decision by name is the named
-/// rule of the limiter asked, whatever rule of that name the thread decided last (`src/limiter/last_rule.rs`).
+/// rule of the limiter asked, whatever rule of that name the thread decided last (`src/nearby.rs`).
 #[tokio::test(flavor = "current_thread")]
 async fn two_limiters_with_a_rule_of_one_name_decide_each_by_its_own() {
     let post = |limit| Rule::fixed_window("post", limit, Duration::from_secs(60)).expect("rule");

@@ -8,7 +8,6 @@ mod book;
 pub(crate) mod bucket;
 pub(crate) mod engine;
 pub(crate) mod heat;
-pub(crate) mod nearby;
 pub(crate) mod reserve;
 pub(crate) mod schedule;
 pub(crate) mod shards;

@@ -196,7 +196,7 @@ impl LimiterBuilder {
             hold_seq,
         });
         let inner = Arc::new(Inner {
-            id: super::last_rule::next_limiter(),
+            id: crate::nearby::next_limiter(),
             rules: ArcSwap::from_pointee(rules),
             adhoc: DashMap::default(),
             default_fail_mode: self.fail_mode,

@@ -26,7 +26,6 @@ pub(crate) mod builder;
 pub(crate) mod handle;
 pub(crate) mod health;
 mod inspect;
-mod last_rule;
 mod lifecycle;
 mod reload;
 #[cfg(test)]
@@ -72,7 +71,7 @@ pub struct LimiterStats {
 
 #[derive(Debug)]
 struct Inner {
-    /// This limiter's number, unique for the life of the process (`last_rule.rs`).
+    /// This limiter's number, unique for the life of the process (`nearby.rs`).
     id: u64,
     rules: ArcSwap<RuleMap>,
     /// Rules built in code and passed to [`Limiter::check_rule`], compiled once.
@@ -123,7 +122,7 @@ impl Limiter {
         // The hot path borrows the rule (from this thread's cache of it, else from the current snapshot) and the
         // key's local bucket: no reference count is touched, so threads deciding on one hot key share no
         // written cache line (the tokens are in per-core shards).
-        let answered = last_rule::with(self.inner.id, rule, |compiled| engine.answer_now(compiled, key, cost));
+        let answered = crate::nearby::rule(self.inner.id, rule, |compiled| engine.answer_now(compiled, key, cost));
         if let Some(Some(answer)) = answered {
             return Ok(answer.decision());
         }
@@ -131,7 +130,7 @@ impl Limiter {
             let rules = self.inner.rules.load();
             let compiled = rules.get(rule).ok_or_else(|| Error::UnknownRule(rule.to_owned()))?;
             if answered.is_none() {
-                last_rule::put(self.inner.id, compiled);
+                crate::nearby::keep_rule(self.inner.id, compiled);
             }
             if let Some(decision) = engine.decide_now(compiled, key, cost)? {
                 return Ok(decision);
