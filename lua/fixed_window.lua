@@ -32,6 +32,21 @@ local function refused(limit, count, retry_after, reset_after)
   if left < 0 then left = 0 end
   return { 0, left, retry_after, reset_after }
 end
+-- A window's refusal when ban_key's key is banned at now (the ban is the wait, and reset_after at least it), else nil.
+local function refused_if_banned(ban_key, now, limit, count, reset_after)
+  local banned = ban_left(ban_key, now)
+  if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+  return nil
+end
+-- A window's refusal of a call that does not fit: with ban_ms > 0 (not for a peek) ban_key's key is banned for
+-- ban_ms from now, which is then the wait.
+local function refuse_window(ban_key, now, ban_ms, peek, limit, count, retry_after, reset_after)
+  if ban_ms > 0 and not peek then
+    ban(ban_key, now, ban_ms)
+    retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
+  end
+  return refused(limit, count, retry_after, reset_after)
+end
 
 -- fixed_window.lua — fixed window counter: at most `limit` tokens per window; rolling or calendar-aligned.
 -- The per-user INCR + EXPIRE counter of community sites (posts, comments, likes per window) and a daily upload
@@ -103,12 +118,10 @@ elseif start == nil or now >= start + window or now < start then
 end
 local ends_in = (ends_at or (start + window)) - now
 
-local banned = ban_left(KEYS[2], now)
-if banned > 0 then
-  local reset_after = banned
-  if count > 0 and ends_in > reset_after then reset_after = ends_in end
-  return refused(limit, count, banned, reset_after)
-end
+local reset_after = 0
+if count > 0 then reset_after = ends_in end
+local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
+if banned then return banned end
 
 -- Cost 0 is a peek: the window as it is and what a call of one token would get; nothing counted or banned.
 local peek = cost == 0
@@ -126,10 +139,4 @@ end
 
 local retry_after = ends_in
 if cost > limit then retry_after = -1 end
-local reset_after = 0
-if count > 0 then reset_after = ends_in end
-if ban_ms > 0 and not peek then
-  ban(KEYS[2], now, ban_ms)
-  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
-end
-return refused(limit, count, retry_after, reset_after)
+return refuse_window(KEYS[2], now, ban_ms, peek, limit, count, retry_after, reset_after)

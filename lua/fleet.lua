@@ -32,6 +32,21 @@ local function refused(limit, count, retry_after, reset_after)
   if left < 0 then left = 0 end
   return { 0, left, retry_after, reset_after }
 end
+-- A window's refusal when ban_key's key is banned at now (the ban is the wait, and reset_after at least it), else nil.
+local function refused_if_banned(ban_key, now, limit, count, reset_after)
+  local banned = ban_left(ban_key, now)
+  if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+  return nil
+end
+-- A window's refusal of a call that does not fit: with ban_ms > 0 (not for a peek) ban_key's key is banned for
+-- ban_ms from now, which is then the wait.
+local function refuse_window(ban_key, now, ban_ms, peek, limit, count, retry_after, reset_after)
+  if ban_ms > 0 and not peek then
+    ban(ban_key, now, ban_ms)
+    retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
+  end
+  return refused(limit, count, retry_after, reset_after)
+end
 
 -- fleet.lua — the roster of one rule: a member's beat and the live count, which divides a hot key's fair share of
 -- the burst (invariant 17).

@@ -32,6 +32,21 @@ local function refused(limit, count, retry_after, reset_after)
   if left < 0 then left = 0 end
   return { 0, left, retry_after, reset_after }
 end
+-- A window's refusal when ban_key's key is banned at now (the ban is the wait, and reset_after at least it), else nil.
+local function refused_if_banned(ban_key, now, limit, count, reset_after)
+  local banned = ban_left(ban_key, now)
+  if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+  return nil
+end
+-- A window's refusal of a call that does not fit: with ban_ms > 0 (not for a peek) ban_key's key is banned for
+-- ban_ms from now, which is then the wait.
+local function refuse_window(ban_key, now, ban_ms, peek, limit, count, retry_after, reset_after)
+  if ban_ms > 0 and not peek then
+    ban(ban_key, now, ban_ms)
+    retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
+  end
+  return refused(limit, count, retry_after, reset_after)
+end
 
 -- sliding_log.lua — sliding-window log: at most `limit` tokens granted in any window (now − window_ms, now].
 -- The per-user ZSET log of community sites (e.g. reply at most 5 times in any 60 s; no boundary burst, unlike
@@ -74,8 +89,8 @@ if count > 0 then
   reset_after = tonumber(newest[2]) + window - now
 end
 
-local banned = ban_left(KEYS[2], now)
-if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
+if banned then return banned end
 
 -- Cost 0 is a peek: the log as it is and what a call of one token would get; nothing added or banned.
 local peek = cost == 0
@@ -98,8 +113,4 @@ if cost <= limit then
   local oldest = redis.call('ZRANGE', KEYS[1], k - 1, k - 1, 'WITHSCORES')
   retry_after = tonumber(oldest[2]) + window - now
 end
-if ban_ms > 0 and not peek then
-  ban(KEYS[2], now, ban_ms)
-  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
-end
-return refused(limit, count, retry_after, reset_after)
+return refuse_window(KEYS[2], now, ban_ms, peek, limit, count, retry_after, reset_after)

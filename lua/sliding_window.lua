@@ -32,6 +32,21 @@ local function refused(limit, count, retry_after, reset_after)
   if left < 0 then left = 0 end
   return { 0, left, retry_after, reset_after }
 end
+-- A window's refusal when ban_key's key is banned at now (the ban is the wait, and reset_after at least it), else nil.
+local function refused_if_banned(ban_key, now, limit, count, reset_after)
+  local banned = ban_left(ban_key, now)
+  if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+  return nil
+end
+-- A window's refusal of a call that does not fit: with ban_ms > 0 (not for a peek) ban_key's key is banned for
+-- ban_ms from now, which is then the wait.
+local function refuse_window(ban_key, now, ban_ms, peek, limit, count, retry_after, reset_after)
+  if ban_ms > 0 and not peek then
+    ban(ban_key, now, ban_ms)
+    retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
+  end
+  return refused(limit, count, retry_after, reset_after)
+end
 
 -- sliding_window.lua — sliding-window counter of sub-buckets (e.g. 60 s as 6 × 10 s): at most `limit`
 -- tokens in the last `sub_buckets` sub-buckets (the current one included). Memory O(sub_buckets) per key.
@@ -84,8 +99,8 @@ table.sort(live, function(a, b) return a[1] < b[1] end)
 local reset_after = 0
 if #live > 0 then reset_after = (live[#live][1] + n) * sub - now end
 
-local banned = ban_left(KEYS[2], now)
-if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
+if banned then return banned end
 
 -- Cost 0 is a peek: the counters as they are and what a call of one token would get; nothing counted or banned.
 local peek = cost == 0
@@ -109,8 +124,4 @@ if cost <= limit then
     end
   end
 end
-if ban_ms > 0 and not peek then
-  ban(KEYS[2], now, ban_ms)
-  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
-end
-return refused(limit, count, retry_after, reset_after)
+return refuse_window(KEYS[2], now, ban_ms, peek, limit, count, retry_after, reset_after)

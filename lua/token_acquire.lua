@@ -32,6 +32,21 @@ local function refused(limit, count, retry_after, reset_after)
   if left < 0 then left = 0 end
   return { 0, left, retry_after, reset_after }
 end
+-- A window's refusal when ban_key's key is banned at now (the ban is the wait, and reset_after at least it), else nil.
+local function refused_if_banned(ban_key, now, limit, count, reset_after)
+  local banned = ban_left(ban_key, now)
+  if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+  return nil
+end
+-- A window's refusal of a call that does not fit: with ban_ms > 0 (not for a peek) ban_key's key is banned for
+-- ban_ms from now, which is then the wait.
+local function refuse_window(ban_key, now, ban_ms, peek, limit, count, retry_after, reset_after)
+  if ban_ms > 0 and not peek then
+    ban(ban_key, now, ban_ms)
+    retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
+  end
+  return refused(limit, count, retry_after, reset_after)
+end
 
 -- lib/bucket.lua — the token bucket's hash, read, converted and written alike by every token script
 -- (token_bucket.lua, token_lease.lua, token_acquire.lua, token_return.lua): src/store/script.rs puts it, after
@@ -153,14 +168,16 @@ local function load_bucket(key, capacity, rate, per, adopted, now)
   return level, ts, same, pend, noted, params, held
 end
 -- A token call's bucket: now (ARGV[now_arg], else TIME) and when the caller adopted its parameters (ARGV[now_arg + 1],
--- ms since the Unix epoch; absent: 0), then load_bucket's level (nil: missing, so full), ts, same, pend, noted and
--- held, and the parameters in force (the hash's, when adopted later), with full = capacity × per.
+-- ms since the Unix epoch; absent: 0), then load_bucket's level (full when the hash is missing), ts, same, pend,
+-- noted and held, the parameters in force (the hash's, when adopted later), full = capacity × per, and whether the
+-- hash was missing.
 local function open_bucket(key, capacity, rate, per, now_arg)
   local now = now_of(now_arg)
   local adopted = tonumber(ARGV[now_arg + 1]) or 0
   local level, ts, same, pend, noted, force, held = load_bucket(key, capacity, rate, per, adopted, now)
   capacity, rate, per, adopted = force[1], force[2], force[3], force[4]
-  return now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, capacity * per
+  local full = capacity * per
+  return now, level or full, ts, same, pend, noted, held, capacity, rate, per, adopted, full, level == nil
 end
 -- ms until a level l (in 1/per tokens) is full again at rate units a ms; -1: never (rate 0).
 local function refill_ms(l, full, rate)
@@ -168,6 +185,22 @@ local function refill_ms(l, full, rate)
 end
 -- The whole tokens of a level l (in 1/per tokens): 0 in debt.
 local function whole_tokens(l, per) if l < 0 then return 0 end return idiv(l, per) end
+-- Takes between need and max whole tokens of a level l (in 1/per tokens) of a bucket with pend pending and held
+-- held: all there is up to max when need are there (max 0 takes none: a peek). Returns the tokens granted, the
+-- level after, retry_after (0 when need are there; -1 never: need > capacity, or rate 0; else ms until they are)
+-- and the room before the take (what note_room records).
+local function take(l, per, capacity, rate, pend, held, need, max)
+  local room = idiv((capacity - pend - held) * per - l, per)
+  local tokens = idiv(l, per)
+  if need > capacity then return 0, l, -1, room end
+  if tokens >= need then
+    local granted = tokens
+    if granted > max then granted = max end
+    return granted, l - granted * per, 0, room
+  end
+  if rate == 0 then return 0, l, -1, room end
+  return 0, l, cdiv(need * per - l, rate), room
+end
 -- Stores the bucket with the parameters it is computed with and when they were adopted (0: not said), and with
 -- `pace` = { pend, pend_end } the tokens a paced lease left to release (token_lease.lua; pend_ts = ts), and its
 -- holds (HOLDS). A full bucket is deleted (it equals a missing key) unless paced; any other expires when it would
@@ -306,22 +339,19 @@ end
 local now, level, ts, same, pend, noted, held, adopted, full
 now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, full =
   open_bucket(KEYS[1], capacity, rate, per, now_arg)
-if level == nil then level = full end
-local function reset_after_of(l) return refill_ms(l, full, rate) end
-local function left(l) return whole_tokens(l, per) end
 
 if cost > capacity or (rate == 0 and level < cost * per) then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
-  return { 0, left(level), -1, reset_after_of(level) }
+  return { 0, whole_tokens(level, per), -1, refill_ms(level, full, rate) }
 end
 local wait = 0
 if level < 0 then wait = cdiv(-level, rate) end
 if wait > max_wait then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
-  return { 0, left(level), wait - max_wait, reset_after_of(level) }
+  return { 0, whole_tokens(level, per), wait - max_wait, refill_ms(level, full, rate) }
 end
 local room = idiv((capacity - pend - held) * per - level, per)
 level = level - cost * per
 save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted)
 if noted then note_room(KEYS[1], room, false, now) end
-return { cost, left(level), wait, reset_after_of(level) }
+return { cost, whole_tokens(level, per), wait, refill_ms(level, full, rate) }

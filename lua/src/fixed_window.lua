@@ -68,12 +68,10 @@ elseif start == nil or now >= start + window or now < start then
 end
 local ends_in = (ends_at or (start + window)) - now
 
-local banned = ban_left(KEYS[2], now)
-if banned > 0 then
-  local reset_after = banned
-  if count > 0 and ends_in > reset_after then reset_after = ends_in end
-  return refused(limit, count, banned, reset_after)
-end
+local reset_after = 0
+if count > 0 then reset_after = ends_in end
+local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
+if banned then return banned end
 
 -- Cost 0 is a peek: the window as it is and what a call of one token would get; nothing counted or banned.
 local peek = cost == 0
@@ -91,10 +89,4 @@ end
 
 local retry_after = ends_in
 if cost > limit then retry_after = -1 end
-local reset_after = 0
-if count > 0 then reset_after = ends_in end
-if ban_ms > 0 and not peek then
-  ban(KEYS[2], now, ban_ms)
-  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
-end
-return refused(limit, count, retry_after, reset_after)
+return refuse_window(KEYS[2], now, ban_ms, peek, limit, count, retry_after, reset_after)

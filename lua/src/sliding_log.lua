@@ -39,8 +39,8 @@ if count > 0 then
   reset_after = tonumber(newest[2]) + window - now
 end
 
-local banned = ban_left(KEYS[2], now)
-if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
+if banned then return banned end
 
 -- Cost 0 is a peek: the log as it is and what a call of one token would get; nothing added or banned.
 local peek = cost == 0
@@ -63,8 +63,4 @@ if cost <= limit then
   local oldest = redis.call('ZRANGE', KEYS[1], k - 1, k - 1, 'WITHSCORES')
   retry_after = tonumber(oldest[2]) + window - now
 end
-if ban_ms > 0 and not peek then
-  ban(KEYS[2], now, ban_ms)
-  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
-end
-return refused(limit, count, retry_after, reset_after)
+return refuse_window(KEYS[2], now, ban_ms, peek, limit, count, retry_after, reset_after)

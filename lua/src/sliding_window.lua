@@ -49,8 +49,8 @@ table.sort(live, function(a, b) return a[1] < b[1] end)
 local reset_after = 0
 if #live > 0 then reset_after = (live[#live][1] + n) * sub - now end
 
-local banned = ban_left(KEYS[2], now)
-if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
+if banned then return banned end
 
 -- Cost 0 is a peek: the counters as they are and what a call of one token would get; nothing counted or banned.
 local peek = cost == 0
@@ -74,8 +74,4 @@ if cost <= limit then
     end
   end
 end
-if ban_ms > 0 and not peek then
-  ban(KEYS[2], now, ban_ms)
-  retry_after, reset_after = ban_ms, math.max(reset_after, ban_ms)
-end
-return refused(limit, count, retry_after, reset_after)
+return refuse_window(KEYS[2], now, ban_ms, peek, limit, count, retry_after, reset_after)

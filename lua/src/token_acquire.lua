@@ -40,22 +40,19 @@ end
 local now, level, ts, same, pend, noted, held, adopted, full
 now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, full =
   open_bucket(KEYS[1], capacity, rate, per, now_arg)
-if level == nil then level = full end
-local function reset_after_of(l) return refill_ms(l, full, rate) end
-local function left(l) return whole_tokens(l, per) end
 
 if cost > capacity or (rate == 0 and level < cost * per) then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
-  return { 0, left(level), -1, reset_after_of(level) }
+  return { 0, whole_tokens(level, per), -1, refill_ms(level, full, rate) }
 end
 local wait = 0
 if level < 0 then wait = cdiv(-level, rate) end
 if wait > max_wait then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
-  return { 0, left(level), wait - max_wait, reset_after_of(level) }
+  return { 0, whole_tokens(level, per), wait - max_wait, refill_ms(level, full, rate) }
 end
 local room = idiv((capacity - pend - held) * per - level, per)
 level = level - cost * per
 save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted)
 if noted then note_room(KEYS[1], room, false, now) end
-return { cost, left(level), wait, reset_after_of(level) }
+return { cost, whole_tokens(level, per), wait, refill_ms(level, full, rate) }

@@ -51,40 +51,23 @@ end
 local now, level, ts, same, pend, noted, held, adopted, full
 now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, full =
   open_bucket(KEYS[1], capacity, rate, per, now_arg)
-if level == nil then level = full end
-local function reset_after_of(l) return refill_ms(l, full, rate) end
-local function whole(l) return whole_tokens(l, per) end -- remaining: 0 in debt
 local function at_least(reset, ms) if reset == -1 or reset >= ms then return reset end return ms end
 
 if ban_key then
   local left = ban_left(ban_key, now)
   if left > 0 then
     if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
-    return { 0, whole(level), left, at_least(reset_after_of(level), left) }
+    return { 0, whole_tokens(level, per), left, at_least(refill_ms(level, full, rate), left) }
   end
 end
 
 -- min = max = 0 is a peek: the bucket as it is and what a call of one token would wait; nothing taken or banned.
 local peek, need = min == 0, min
 if peek then need = 1 end
-local granted, retry_after = 0, 0
-local tokens = idiv(level, per)
-local room = idiv((capacity - pend - held) * per - level, per)
-if need > capacity then
-  retry_after = -1
-elseif tokens >= need then
-  if not peek then
-    granted = tokens
-    if granted > max then granted = max end
-    level = level - granted * per
-  end
-elseif rate == 0 then
-  retry_after = -1
-else
-  retry_after = cdiv(need * per - level, rate)
-end
+local granted, retry_after, room
+granted, level, retry_after, room = take(level, per, capacity, rate, pend, held, need, max)
 
-local reset_after = reset_after_of(level)
+local reset_after = refill_ms(level, full, rate)
 if granted == 0 and ban_ms > 0 and not peek then
   ban(ban_key, now, ban_ms)
   retry_after = ban_ms
@@ -93,4 +76,4 @@ end
 
 if granted > 0 or not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
 if granted > 0 and noted then note_room(KEYS[1], room, false, now) end
-return { granted, whole(level), retry_after, reset_after }
+return { granted, whole_tokens(level, per), retry_after, reset_after }

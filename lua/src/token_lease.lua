@@ -69,24 +69,9 @@ local now_arg = 9
 local now, level, ts, same, pend, noted, held, adopted, full
 now, level, ts, same, pend, noted, held, capacity, rate, per, adopted, full =
   open_bucket(KEYS[1], capacity, rate, per, now_arg)
-if level == nil then level = full end
-local function reset_after_of(l) return refill_ms(l, full, rate) end
-local function whole(l) return whole_tokens(l, per) end -- remaining: 0 in debt
 
-local granted, retry_after = 0, 0
-local tokens = idiv(level, per)
-local room = idiv((capacity - pend - held) * per - level, per)
-if min > capacity then
-  retry_after = -1
-elseif tokens >= min then
-  granted = tokens
-  if granted > max then granted = max end
-  level = level - granted * per
-elseif rate == 0 then
-  retry_after = -1
-else
-  retry_after = cdiv(min * per - level, rate)
-end
+local granted, retry_after, room
+granted, level, retry_after, room = take(level, per, capacity, rate, pend, held, min, max)
 
 -- The turns handed out are not being taken (their holders' demand fell, or they left) when the bucket is within a
 -- batch of its top (its refill is being lost) or a probe (batch 0: a process whose demand fell and that no longer
@@ -96,7 +81,7 @@ if b > capacity then b = capacity end
 if (b > 0 and room < b) or (b == 0 and granted > 0) then redis.call('HDEL', KEYS[1], 'turn') end
 -- The caller drained the bucket (the same call again would be refused): it is handed the next turn.
 local turn = nil
-if rate > 0 and batch > 0 and retry_after ~= -1 and whole(level) < min then
+if rate > 0 and batch > 0 and retry_after ~= -1 and whole_tokens(level, per) < min then
   turn = tonumber(redis.call('HGET', KEYS[1], 'turn') or '0') or 0
   if turn < now then turn = now end
   local spacing = cdiv(3 * cdiv(b * per, rate), 5)
@@ -139,7 +124,7 @@ if holder and holder ~= '' then
     local kept = unspent
     if want < kept then kept = want end
     local taken = want - kept
-    if taken > whole(level) then taken = whole(level) end
+    if taken > whole_tokens(level, per) then taken = whole_tokens(level, per) end
     held_now = kept + taken
     if rec_tokens or held_now > 0 then
       hold = true
@@ -161,4 +146,4 @@ if granted > 0 or not same or hold then save_bucket(KEYS[1], level, ts, capacity
 if turn and level < full then redis.call('HSET', KEYS[1], 'turn', int(turn)) end
 local stamp = 0
 if granted > 0 then stamp = note_room(KEYS[1], room, true, now) end
-return { granted, whole(level), retry_after, reset_after_of(level), stamp, held_now }
+return { granted, whole_tokens(level, per), retry_after, refill_ms(level, full, rate), stamp, held_now }

@@ -57,11 +57,11 @@ if not (capacity and rate and per and n and mark_ms) or capacity < 1 or rate < 0
 end
 if mark_ms == 0 then mark_ms = 10000 end
 local mark = KEYS[2]
-local now, level, ts, pend, noted, held, adopted, full, _
-now, level, ts, _, pend, noted, held, capacity, rate, per, adopted, full =
+local now, level, ts, pend, noted, held, adopted, full, missing, _
+now, level, ts, _, pend, noted, held, capacity, rate, per, adopted, full, missing =
   open_bucket(KEYS[1], capacity, rate, per, now_arg)
 local added = mark and tonumber(redis.call('GET', mark))
-if level == nil then
+if missing then
   -- Nothing to add to a full bucket; the mark still says so, or a retry after a take would add.
   if mark and not added then redis.call('SET', mark, '0', 'PX', int(mark_ms)) end
   return { added or 0, capacity, 0, 0 }
