@@ -7,7 +7,7 @@
 //! overestimates, and conservative update keeps the overestimate small); with 10^6 distinct keys deciding
 //! within one period, a key is overestimated by about 2.7 × decisions / 16384 per period.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 
 /// Rows (independent hash functions).
 const DEPTH: usize = 4;
@@ -25,10 +25,8 @@ pub(crate) struct Heat {
     counters: Box<[AtomicU16]>,
     /// The period after which every counter is halved, in ns (the rule's lease TTL).
     period_ns: u64,
-    /// When the current period began.
+    /// When the current period began: a caller that moves it on (one compare-and-swap) halves the counters.
     period_start_ns: AtomicU64,
-    /// A halving is under way.
-    aging: AtomicBool,
 }
 
 impl Heat {
@@ -38,7 +36,6 @@ impl Heat {
             counters: (0..DEPTH * WIDTH).map(|_| AtomicU16::new(0)).collect(),
             period_ns: period_ns.max(1),
             period_start_ns: AtomicU64::new(now_ns),
-            aging: AtomicBool::new(false),
         }
     }
 
@@ -97,20 +94,31 @@ impl Heat {
     /// Halves every counter once a period has passed (one caller does it; the others go on).
     fn age(&self, now_ns: u64) {
         let start = self.period_start_ns.load(Ordering::Relaxed);
-        if now_ns.saturating_sub(start) < self.period_ns || self.aging.swap(true, Ordering::Acquire) {
+        let Some(shift) = self.claim(start, now_ns) else {
             return;
-        }
-        let periods = now_ns.saturating_sub(start) / self.period_ns;
-        let shift = u32::try_from(periods).unwrap_or(u32::MAX).min(16);
+        };
         for counter in self.counters.iter() {
             let count = counter.load(Ordering::Relaxed);
             if count > 0 {
                 counter.store(count.checked_shr(shift).unwrap_or(0), Ordering::Relaxed);
             }
         }
-        self.period_start_ns
-            .store(start + periods * self.period_ns, Ordering::Relaxed);
-        self.aging.store(false, Ordering::Release);
+    }
+
+    /// Claims the halving of the periods passed since `start` (the period's start as the caller read it) by
+    /// moving the period's start on: the halvings to make (a shift), or `None` when no period has passed or
+    /// another caller claimed them first. One compare-and-swap, so a caller that read the start before another
+    /// claimed it never halves the same periods again.
+    fn claim(&self, start: u64, now_ns: u64) -> Option<u32> {
+        let periods = now_ns.saturating_sub(start) / self.period_ns;
+        if periods == 0 {
+            return None;
+        }
+        let next = start.saturating_add(periods.saturating_mul(self.period_ns));
+        (self.period_start_ns)
+            .compare_exchange(start, next, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        Some(u32::try_from(periods).unwrap_or(u32::MAX).min(16))
     }
 }
 
@@ -148,6 +156,27 @@ mod tests {
         assert_eq!(heat.observe(hot, 260), 12, "and counting goes on");
         // A sixteenth period of silence forgets it.
         assert_eq!(heat.observe(hot, 2000), 1);
+    }
+
+    #[test]
+    fn a_caller_that_read_the_period_before_another_aged_it_does_not_halve_again() {
+        let heat = Heat::new(100, 0);
+        let hot = hash("sku:1");
+        for _ in 0..40 {
+            heat.observe(hot, 10);
+        }
+        // Two callers read the start (0) at 150 ns; the first claims the period and halves the counters.
+        let seen = heat.period_start_ns.load(Ordering::Relaxed);
+        assert_eq!(heat.claim(seen, 150), Some(1));
+        // The second, on what it read before, claims nothing: halving again would make the 40 worth 10.
+        assert_eq!(heat.claim(seen, 150), None);
+        assert_eq!(heat.period_start_ns.load(Ordering::Relaxed), 100);
+        assert_eq!(heat.claim(100, 150), None, "the next period has not passed");
+        assert_eq!(
+            heat.claim(100, 320),
+            Some(2),
+            "two periods later: two halvings, claimed once"
+        );
     }
 
     #[test]
