@@ -193,14 +193,7 @@ impl LocalBucket {
         let until = wait.until_ns();
         // A chunk still to come is released now rather than a caller refused ([`Self::release_early`]).
         if now_ns < until && self.next_release_ns.load(Ordering::Acquire) == NEVER_NS {
-            let never = wait.is_never();
-            // Back when the next chunk of a paced lease is released, at the latest.
-            let next = until.min(
-                self.next_release_ns
-                    .load(Ordering::Relaxed)
-                    .max(now_ns.saturating_add(1_000_000)),
-            );
-            let retry_ns = if never { NEVER_NS } else { next - now_ns };
+            let retry_ns = if wait.is_never() { NEVER_NS } else { until - now_ns };
             self.tokens.refused();
             return Take::Exhausted { retry_ns };
         }
