@@ -77,10 +77,7 @@ pub(super) struct Book {
     pub(super) schedule: Schedule,
     /// The adaptive batch size, in tokens.
     pub(super) batch: u64,
-    /// The shared bucket is saturated: the last lease was handed a turn (`token_lease.lua`) or left less than a
-    /// batch behind, or a decision was refused.
-    pub(super) saturated: bool,
-    /// The key's turn on the saturated shared bucket.
+    /// Whether the shared bucket had room at the last lease, and the key's turn when it had not.
     pub(super) turn: Turn,
     /// When the last lease was sent, and the decisions counted by then.
     pub(super) last_lease_ns: u64,
@@ -222,21 +219,28 @@ fn per_s(seen: u128, span_ns: u64) -> u64 {
     u64::try_from(seen * 1_000_000_000 / u128::from(span_ns)).unwrap_or(u64::MAX)
 }
 
-/// A key's turn on a saturated shared bucket (`token_lease.lua`, invariant 18), stepped by [`Turn::step`]:
+/// What a key knows of the shared bucket: room at the last lease, or saturated (the fleet drains it), and then
+/// its turn there (`token_lease.lua`, invariant 18). Stepped by [`Turn::step`]:
 ///
 /// | from | event | to |
 /// | --- | --- | --- |
-/// | any | `Granted { turn_ns: 0 }` | `None` |
-/// | any | `Granted { turn_ns }` | `Handed { turn_ns }` |
-/// | `Handed` | `Outran` | `None` |
-/// | `None`, `Handed` | `Fell` | `Probing` |
-/// | `Probing` | `StoreRefused`, the next probe at or after the kept turn | `None` (it waits for the kept turn) |
+/// | any | `Granted { turn_ns: Some(t), .. }` | `Handed { turn_ns: t }` |
+/// | any | `Granted { turn_ns: None, short: false }` | `Room` |
+/// | any | `Granted { turn_ns: None, short: true }` | `Saturated` |
+/// | `Room` | `Drained` | `Saturated` |
+/// | `Handed` | `Outran` | `Saturated` |
+/// | any | `Fell` | `Probing` |
+/// | `Probing` | `StoreRefused`, the next probe at or after the kept turn | `Saturated` (it waits for the kept turn) |
 /// | `Probing` | `StoreRefused` before | `Probing`, the back-off doubled |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum Turn {
-    /// No turn to wait for: the next lease goes when the tokens run low.
+    /// The shared bucket had room at the last lease: leases are sized as a fair share of the burst and go when
+    /// the tokens run low.
     #[default]
-    None,
+    Room,
+    /// The fleet drains the shared bucket, no turn to wait for: the next lease goes when the tokens run low,
+    /// takes what is there (up to two batches) and is handed a turn.
+    Saturated,
     /// Handed a turn with the last grant: no lease before `turn_ns` (monotonic ns).
     Handed { turn_ns: u64 },
     /// The wait for a turn lifted by a fall in the demand ([`super::bucket::LocalBucket::sample`]): its leases
@@ -249,8 +253,12 @@ pub(super) enum Turn {
 /// What happens to a key's turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum TurnEvent {
-    /// A lease was granted, handed a turn at `turn_ns` (0: none).
-    Granted { turn_ns: u64 },
+    /// A lease was granted, handed a turn at `turn_ns` (monotonic ns) or none, and leaving the shared bucket
+    /// `short` (less than a batch, or less than half its burst: the fleet spends it) or not.
+    Granted { turn_ns: Option<u64>, short: bool },
+    /// The shared bucket was seen drained: a lease or a decision was refused, or the key was made hot because
+    /// the fleet spends the bucket.
+    Drained,
     /// A lease was refused at `now_ns`, told to come back after `retry_after_ns` (not "never").
     StoreRefused { retry_after_ns: u64, now_ns: u64 },
     /// Half a batch or more expired unspent (a process alone: any token): the demand was outrun, and the turn's
@@ -267,8 +275,16 @@ impl Turn {
     /// after it.
     pub(super) fn step(self, event: TurnEvent) -> (Self, Option<u64>) {
         match (self, event) {
-            (_, TurnEvent::Granted { turn_ns: 0 }) | (Self::Handed { .. }, TurnEvent::Outran) => (Self::None, None),
-            (_, TurnEvent::Granted { turn_ns }) => (Self::Handed { turn_ns }, None),
+            (
+                _,
+                TurnEvent::Granted {
+                    turn_ns: Some(turn_ns), ..
+                },
+            ) => (Self::Handed { turn_ns }, None),
+            (_, TurnEvent::Granted { turn_ns: None, short }) => {
+                (if short { Self::Saturated } else { Self::Room }, None)
+            }
+            (Self::Room, TurnEvent::Drained) | (Self::Handed { .. }, TurnEvent::Outran) => (Self::Saturated, None),
             (
                 _,
                 TurnEvent::Fell {
@@ -292,7 +308,7 @@ impl Turn {
                 let backoff = retry_after_ns.max(backoff_ns);
                 let kept = kept_turn_ns.saturating_sub(now_ns);
                 if backoff >= kept {
-                    (Self::None, Some(kept.max(retry_after_ns)))
+                    (Self::Saturated, Some(kept.max(retry_after_ns)))
                 } else {
                     let backoff_ns = backoff_ns.saturating_mul(2);
                     (
@@ -306,6 +322,11 @@ impl Turn {
             }
             (turn, _) => (turn, None),
         }
+    }
+
+    /// Whether the fleet drains the shared bucket (every state but [`Turn::Room`]).
+    pub(super) fn saturated(self) -> bool {
+        self != Self::Room
     }
 
     /// The turn handed with the last grant (monotonic ns), 0 when none.
@@ -342,17 +363,30 @@ mod tests {
             kept_turn_ns: 900 * MS,
             backoff_ns: 100 * MS,
         };
+        let granted = |turn_ms: Option<u64>, short| TurnEvent::Granted {
+            turn_ns: turn_ms.map(|ms| ms * MS),
+            short,
+        };
+        let (room, saturated) = (Turn::Room, Turn::Saturated);
         // state x event -> state, and the wait instead of the refusal's retry_after (ns)
         let table = [
-            (Turn::None, TurnEvent::Granted { turn_ns: 0 }, Turn::None, None),
-            (probing, TurnEvent::Granted { turn_ns: 0 }, Turn::None, None),
-            (Turn::None, TurnEvent::Granted { turn_ns: 900 * MS }, handed, None),
-            (probing, TurnEvent::Granted { turn_ns: 900 * MS }, handed, None),
-            (handed, TurnEvent::Outran, Turn::None, None),
+            (room, granted(None, false), room, None),
+            (saturated, granted(None, false), room, None),
+            (room, granted(None, true), saturated, None),
+            (probing, granted(None, false), room, None),
+            (probing, granted(None, true), saturated, None),
+            (room, granted(Some(900), false), handed, None),
+            (probing, granted(Some(900), true), handed, None),
+            (room, TurnEvent::Drained, saturated, None),
+            (saturated, TurnEvent::Drained, saturated, None),
+            (handed, TurnEvent::Drained, handed, None),
+            (probing, TurnEvent::Drained, probing, None),
+            (handed, TurnEvent::Outran, saturated, None),
             (probing, TurnEvent::Outran, probing, None),
-            (Turn::None, TurnEvent::Outran, Turn::None, None),
+            (room, TurnEvent::Outran, room, None),
+            (saturated, TurnEvent::Outran, saturated, None),
             (handed, fell, probing, None),
-            (Turn::None, fell, probing, None),
+            (saturated, fell, probing, None),
             // A refused probe backs off, doubling, while the next probe comes before the kept turn...
             (
                 probing,
@@ -364,11 +398,11 @@ mod tests {
                 Some(100 * MS),
             ),
             // ...and waits for the kept turn once it would not.
-            (probing, refused_at(850), Turn::None, Some(50 * MS)),
-            (probing, refused_at(950), Turn::None, Some(20 * MS)),
+            (probing, refused_at(850), saturated, Some(50 * MS)),
+            (probing, refused_at(950), saturated, Some(20 * MS)),
             // A refusal of a key not probing is its own retry_after.
             (handed, refused_at(500), handed, None),
-            (Turn::None, refused_at(500), Turn::None, None),
+            (saturated, refused_at(500), saturated, None),
         ];
         for (from, event, to, instead) in table {
             assert_eq!(from.step(event), (to, instead), "{from:?} + {event:?}");
@@ -377,5 +411,6 @@ mod tests {
         assert_eq!(probing.turn_ns(), 0);
         assert!(probing.probing(899 * MS) && !probing.probing(900 * MS));
         assert!(!handed.probing(0));
+        assert!(!room.saturated() && saturated.saturated() && handed.saturated() && probing.saturated());
     }
 }

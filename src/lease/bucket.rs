@@ -103,8 +103,7 @@ impl LocalBucket {
                 batches: VecDeque::new(),
                 schedule: Schedule::default(),
                 batch: lease.min_batch,
-                saturated: false,
-                turn: Turn::None,
+                turn: Turn::Room,
                 last_lease_ns: now_ns,
                 decisions_at_lease: 0,
                 demand: Demand::Unknown,
@@ -143,7 +142,9 @@ impl LocalBucket {
     #[must_use]
     pub(crate) fn measuring(self) -> Self {
         self.slot.store(Slot::Measuring);
-        self.lock().saturated = true;
+        let mut book = self.lock();
+        book.turn = book.turn.step(TurnEvent::Drained).0;
+        drop(book);
         self
     }
 
@@ -290,8 +291,7 @@ impl LocalBucket {
         // half its burst (the fleet spends it: a process whose batch is a small fair share would otherwise lease
         // what accumulates between the turns, a call per few tokens). The next lease takes what is there, up to
         // two batches, and is handed a turn then.
-        book.saturated =
-            turn_ns > 0 || grant.remaining < plan.batch || grant.remaining.saturating_mul(2) < self.bucket.capacity;
+        let short = grant.remaining < plan.batch || grant.remaining.saturating_mul(2) < self.bucket.capacity;
         // The next lease starts while enough is left to last two of this lease's round trips at the spend rate
         // (a quarter of the batch at least, the whole batch at most): on a slow network the refill then
         // arrives before the tokens run out.
@@ -302,9 +302,9 @@ impl LocalBucket {
             .store((plan.batch / 4).max(for_two_trips).min(plan.batch), Ordering::Relaxed);
         self.tokens.add(first.tokens);
         // Not before the turn the bucket handed out (0: none), nor before the last chunk is released.
-        let turn = if turn_ns > 0 { now_ns.saturating_add(turn_ns) } else { 0 };
-        book.turn = book.turn.step(TurnEvent::Granted { turn_ns: turn }).0;
-        let not_before = turn.max(book.schedule.last_ns().unwrap_or(0));
+        let turn = (turn_ns > 0).then(|| now_ns.saturating_add(turn_ns));
+        book.turn = book.turn.step(TurnEvent::Granted { turn_ns: turn, short }).0;
+        let not_before = turn.unwrap_or(0).max(book.schedule.last_ns().unwrap_or(0));
         self.wait.store(Wait::until(not_before));
         self.backoff.store(Backoff::None);
         let reset_after_ns = u64::try_from(grant.reset_after_ms)
@@ -320,7 +320,7 @@ impl LocalBucket {
     /// the shared bucket is full again after `reset_after`.
     pub(crate) fn refused(&self, retry_after: Duration, recheck: Duration, reset_after: Duration, now_ns: u64) {
         let mut book = self.lock();
-        book.saturated = true;
+        book.turn = book.turn.step(TurnEvent::Drained).0;
         // "Never" is only cached for a while: tokens given back by another process may still come.
         let wait = if retry_after == Duration::MAX {
             Wait::Never {
@@ -445,7 +445,8 @@ impl LocalBucket {
             deadline_ns: now_ns.saturating_add(nanos(self.lease.ttl)),
             stamp: chunk.stamp,
         });
-        let room = !book.saturated && processes.saturating_mul(book.batch).saturating_mul(4) <= self.bucket.capacity;
+        let room =
+            !book.turn.saturated() && processes.saturating_mul(book.batch).saturating_mul(4) <= self.bucket.capacity;
         if (processes <= 1 || outran || room) && book.schedule.next_ns().is_none() {
             self.wait.store(Wait::until(book.turn.turn_ns()));
         }

@@ -73,7 +73,12 @@ impl LocalBucket {
         };
         // Paced instead when a turn would bring more as chunks: the turn is then what the demand spends while the
         // burst refills, and nothing is left unspent within a chunk's TTL.
-        let paced = paced_turn((&self.bucket, lease), book.saturated, (demand_per_s, cost), spendable);
+        let paced = paced_turn(
+            (&self.bucket, lease),
+            book.turn.saturated(),
+            (demand_per_s, cost),
+            spendable,
+        );
         if let Some((pace, turn)) = paced {
             // A paced grant is at most a turn: its chunks span no longer than the refill of half the burst
             // (`span_chunks`), or the bucket's pending line would hold back its refill.
@@ -87,7 +92,7 @@ impl LocalBucket {
                 pace,
             };
         }
-        if book.saturated {
+        if book.turn.saturated() {
             batch = batch.max(turn);
         } else {
             batch = batch.min(fair_share.max(1));
@@ -102,7 +107,7 @@ impl LocalBucket {
         // Saturated: the calls are spaced by the bucket's turns, and each takes what accumulated, however little
         // (a refusal would cost the same call and admit nothing), up to two batches (within what the demand
         // spends in the TTL), so that a turn that comes late loses little.
-        let max = if book.saturated {
+        let max = if book.turn.saturated() {
             batch
                 .saturating_mul(2)
                 .min(self.bucket.capacity)
