@@ -68,8 +68,10 @@ impl Guarded {
     /// as a script error) makes the store unavailable until a call succeeds.
     fn note<T>(&self, result: &Result<T, StoreError>) {
         match result {
+            // Read first: every call ends here, and a write to the shared flag on each would bounce its cache
+            // line between the threads that call the store.
             Ok(_) => {
-                if !self.answered.swap(true, Ordering::AcqRel) {
+                if !self.answered.load(Ordering::Acquire) && !self.answered.swap(true, Ordering::AcqRel) {
                     telemetry::store_ready(true);
                 }
             }
