@@ -45,8 +45,9 @@ pub(crate) struct LocalBucket {
     tokens: Shards,
     /// Earliest deadline of a batch holding tokens, or release of a scheduled chunk; [`NEVER_NS`] when none.
     next_deadline_ns: AtomicU64,
-    /// When the next scheduled chunk is released; [`NEVER_NS`] when none.
-    next_release_ns: AtomicU64,
+    /// A paced lease's chunk is still to be released: a caller who finds too few tokens has it released early
+    /// ([`Self::release_early`]) rather than being refused.
+    chunks_left: AtomicBool,
     /// Whether a caller who finds too few tokens leases, or is refused locally until when.
     wait: Atomic<Wait>,
     /// Whether the last lease failed: `fail_mode` decides until when, and why (the fail_mode metric's reason).
@@ -89,7 +90,7 @@ impl LocalBucket {
             lease,
             tokens: Shards::default(),
             next_deadline_ns: AtomicU64::new(NEVER_NS),
-            next_release_ns: AtomicU64::new(NEVER_NS),
+            chunks_left: AtomicBool::new(false),
             wait: Atomic::new(Wait::Free),
             backoff: Atomic::new(Backoff::None),
             full_at_ns: AtomicU64::new(0),
@@ -193,7 +194,7 @@ impl LocalBucket {
         let wait = self.wait.load();
         let until = wait.until_ns();
         // A chunk still to come is released now rather than a caller refused ([`Self::release_early`]).
-        if now_ns < until && self.next_release_ns.load(Ordering::Acquire) == NEVER_NS {
+        if now_ns < until && !self.chunks_left.load(Ordering::Acquire) {
             let retry_ns = if wait.is_never() { NEVER_NS } else { until - now_ns };
             self.tokens.refused();
             return Take::Exhausted { retry_ns };
@@ -556,10 +557,10 @@ impl LocalBucket {
     }
 
     fn publish_deadline(&self, book: &Book) {
-        let release = book.schedule.next_ns().unwrap_or(NEVER_NS);
+        let release = book.schedule.next_ns();
         let deadline = book.batches.front().map_or(NEVER_NS, |b| b.deadline_ns);
-        self.next_release_ns.store(release, Ordering::Release);
-        self.next_deadline_ns.store(deadline.min(release), Ordering::Release);
+        self.chunks_left.store(release.is_some(), Ordering::Release);
+        (self.next_deadline_ns).store(deadline.min(release.unwrap_or(NEVER_NS)), Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
