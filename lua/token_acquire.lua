@@ -32,10 +32,13 @@ local function refused(limit, count, retry_after, reset_after)
   if left < 0 then left = 0 end
   return { 0, left, retry_after, reset_after }
 end
--- A window's refusal when ban_key's key is banned at now (the ban is the wait, and reset_after at least it), else nil.
-local function refused_if_banned(ban_key, now, limit, count, reset_after)
+-- A window's answer before it counts, count of limit used: when ban_key's key is banned at now, a refusal (the ban
+-- is the wait, and reset_after at least it); for a peek (cost 0: the window as it is and what a call of one token
+-- would get, nothing counted or banned) where one token fits, { 0, left, 0, reset_after }; else nil.
+local function window_gate(ban_key, now, limit, count, cost, reset_after)
   local banned = ban_left(ban_key, now)
   if banned > 0 then return refused(limit, count, banned, math.max(reset_after, banned)) end
+  if cost == 0 and count + 1 <= limit then return { 0, limit - count, 0, reset_after } end
   return nil
 end
 -- A window's refusal of a call that does not fit: with ban_ms > 0 (not for a peek) ban_key's key is banned for

@@ -70,17 +70,13 @@ local ends_in = (ends_at or (start + window)) - now
 
 local reset_after = 0
 if count > 0 then reset_after = ends_in end
-local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
-if banned then return banned end
+local answer = window_gate(KEYS[2], now, limit, count, cost, reset_after)
+if answer then return answer end
 
--- Cost 0 is a peek: the window as it is and what a call of one token would get; nothing counted or banned.
+-- A peek that does not fit is told what a call of one token would wait, and bans nothing.
 local peek = cost == 0
 if peek then cost = 1 end
 if count + cost <= limit then
-  if peek then
-    if count > 0 then return { 0, limit - count, 0, ends_in } end
-    return { 0, limit, 0, 0 }
-  end
   count = count + cost
   redis.call('HSET', KEYS[1], 'start', int(start), 'count', int(count))
   redis.call('PEXPIRE', KEYS[1], int(ends_in))

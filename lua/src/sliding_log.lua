@@ -39,14 +39,13 @@ if count > 0 then
   reset_after = tonumber(newest[2]) + window - now
 end
 
-local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
-if banned then return banned end
+local answer = window_gate(KEYS[2], now, limit, count, cost, reset_after)
+if answer then return answer end
 
--- Cost 0 is a peek: the log as it is and what a call of one token would get; nothing added or banned.
+-- A peek that does not fit is told what a call of one token would wait, and bans nothing.
 local peek = cost == 0
 if peek then cost = 1 end
 if count + cost <= limit then
-  if peek then return { 0, limit - count, 0, reset_after } end
   for i = 1, cost do
     local m = member
     if i > 1 then m = member .. ':' .. i end

@@ -49,14 +49,13 @@ table.sort(live, function(a, b) return a[1] < b[1] end)
 local reset_after = 0
 if #live > 0 then reset_after = (live[#live][1] + n) * sub - now end
 
-local banned = refused_if_banned(KEYS[2], now, limit, count, reset_after)
-if banned then return banned end
+local answer = window_gate(KEYS[2], now, limit, count, cost, reset_after)
+if answer then return answer end
 
--- Cost 0 is a peek: the counters as they are and what a call of one token would get; nothing counted or banned.
+-- A peek that does not fit is told what a call of one token would wait, and bans nothing.
 local peek = cost == 0
 if peek then cost = 1 end
 if count + cost <= limit then
-  if peek then return { 0, limit - count, 0, reset_after } end
   redis.call('HINCRBY', KEYS[1], int(cur), cost)
   redis.call('PEXPIRE', KEYS[1], int((cur + n) * sub - now))
   return { cost, limit - count - cost, 0, (cur + n) * sub - now }
