@@ -181,7 +181,7 @@ impl Guarded {
 
 /// The breaker's state. Every store call asks it ([`Event::Call`]) and tells it how it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
+enum State {
     /// Calls go to the store; `failures` transient failures in a row so far.
     Closed { failures: u32 },
     /// Calls fail at once until `until_ns` (monotonic ns).
@@ -193,7 +193,7 @@ pub(crate) enum State {
 
 /// What happens to a breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Event {
+enum Event {
     /// A call asks to go to the store.
     Call,
     /// A call that went ended with the store answering (a success, or an error the store gave).
@@ -204,7 +204,7 @@ pub(crate) enum Event {
 
 /// What the breaker says about a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admit {
+enum Admit {
     /// Closed: go ahead.
     Yes,
     /// Half-open: this call is the probe.
@@ -215,15 +215,15 @@ pub(crate) enum Admit {
 
 /// How a breaker trips: transient failures in a row, and how long it stays open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Trip {
-    pub failures: u32,
-    pub open_for_ns: u64,
+struct Trip {
+    failures: u32,
+    open_for_ns: u64,
 }
 
 impl State {
     /// The state after `event` at `now_ns`, and what it says about the call when the event is a
     /// [`Event::Call`] ([`Admit::Yes`] for the other events).
-    pub(crate) fn step(self, event: Event, trip: Trip, now_ns: u64) -> (Self, Admit) {
+    fn step(self, event: Event, trip: Trip, now_ns: u64) -> (Self, Admit) {
         let open = Self::Open {
             until_ns: now_ns.saturating_add(trip.open_for_ns),
         };
@@ -268,14 +268,14 @@ impl Packed for State {
 /// A breaker shared by a store's callers, lock-free: its [`State`] in one atomic word, stepped by
 /// compare-and-swap.
 #[derive(Debug)]
-pub(crate) struct Breaker {
+struct Breaker {
     trip: Trip,
     state: Atomic<State>,
 }
 
 impl Breaker {
     /// A closed breaker opening after `failures` transient failures in a row, for `open_for`.
-    pub(crate) fn new(failures: u32, open_for: Duration) -> Self {
+    fn new(failures: u32, open_for: Duration) -> Self {
         Self {
             trip: Trip {
                 failures: failures.max(1),
@@ -292,13 +292,13 @@ impl Breaker {
 
     /// Whether a call may go to the store at `now_ns`.
     #[inline]
-    pub(crate) fn admit(&self, now_ns: u64) -> Admit {
+    fn admit(&self, now_ns: u64) -> Admit {
         self.step(Event::Call, now_ns)
     }
 
     /// Records how a call that was let through ended: `Some(true)` a transient failure, `Some(false)` any
     /// other error (the store answered), `None` success.
-    pub(crate) fn record(&self, transient_failure: Option<bool>, now_ns: u64) {
+    fn record(&self, transient_failure: Option<bool>, now_ns: u64) {
         let event = if transient_failure == Some(true) {
             Event::Failed
         } else {
@@ -308,7 +308,7 @@ impl Breaker {
     }
 
     /// Whether the breaker is open (or half-open) now.
-    pub(crate) fn is_open(&self) -> bool {
+    fn is_open(&self) -> bool {
         !matches!(self.state.load(), State::Closed { .. })
     }
 }
