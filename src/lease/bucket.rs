@@ -143,9 +143,10 @@ impl LocalBucket {
     #[must_use]
     pub(crate) fn measuring(self) -> Self {
         self.slot.store(Slot::Measuring);
-        let mut book = self.lock();
-        book.turn = book.turn.step(TurnEvent::Drained).0;
-        drop(book);
+        {
+            let mut book = self.lock();
+            book.turn = book.turn.step(TurnEvent::Drained).0;
+        }
         self
     }
 
@@ -302,7 +303,7 @@ impl LocalBucket {
         self.low_watermark
             .store((plan.batch / 4).max(for_two_trips).min(plan.batch), Ordering::Relaxed);
         self.tokens.add(first.tokens);
-        // Not before the turn the bucket handed out (0: none), nor before the last chunk is released.
+        // Not before the turn the bucket handed out, if any, nor before the last chunk is released.
         let turn = (turn_ns > 0).then(|| now_ns.saturating_add(turn_ns));
         book.turn = book.turn.step(TurnEvent::Granted { turn_ns: turn, short }).0;
         let not_before = turn.unwrap_or(0).max(book.schedule.last_ns().unwrap_or(0));
@@ -424,13 +425,12 @@ impl LocalBucket {
     /// (`processes` is the fleet's count), or whose chunks were all out within half their span (its demand at
     /// least doubled since the lease was planned), or on a bucket with room to spare (not saturated) in a fleet
     /// whose paced leases could hold at most a quarter of the bucket pending (`processes × batch × 4 ≤ capacity`;
-    /// half let the turns of healthy seed 746 bunch, 95.8 % sold fell to 88.5 %), may
-    /// lease again from its turn on. Otherwise it still waits for its last chunk's time, as the shared bucket's
-    /// pending line does, which a second paced lease would merge with its own and so over-count: 256 processes at
-    /// 1.5 times the rate sold 89 % of a 10 s bound without the wait, 96 % with it. Waiting after a doubled
-    /// demand too, 24 processes paced for 138 a second sold 122 of 367 a second (healthy seed 270), and waiting
-    /// beside a stocked bucket, 311 of 367. Through an outage too: the chunks are escrow ([`Schedule`]). Returns
-    /// whether tokens were released.
+    /// half let the turns of healthy seed 746 bunch, 95.8 % sold fell to 88.5 %), may lease again from its turn
+    /// on. Otherwise it still waits for its last chunk's time, as the shared bucket's pending line does, which a
+    /// second paced lease would merge with its own and so over-count: 256 processes at 1.5 times the rate sold
+    /// 89 % of a 10 s bound without the wait, 96 % with it. Waiting after a doubled demand too, 24 processes paced
+    /// for 138 a second sold 122 of 367 a second (healthy seed 270), and waiting beside a stocked bucket, 311 of
+    /// 367. Through an outage too: the chunks are escrow ([`Schedule`]). Returns whether tokens were released.
     pub(crate) fn release_early(&self, cost: u64, now_ns: u64, processes: u64) -> bool {
         let mut book = self.lock();
         let last_ns = book.schedule.last_ns().unwrap_or(0);
@@ -560,7 +560,8 @@ impl LocalBucket {
         let release = book.schedule.next_ns();
         let deadline = book.batches.front().map_or(NEVER_NS, |b| b.deadline_ns);
         self.chunks_left.store(release.is_some(), Ordering::Release);
-        (self.next_deadline_ns).store(deadline.min(release.unwrap_or(NEVER_NS)), Ordering::Release);
+        let next = deadline.min(release.unwrap_or(NEVER_NS));
+        self.next_deadline_ns.store(next, Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {

@@ -115,7 +115,7 @@ impl Heat {
             return None;
         }
         let next = start.saturating_add(periods.saturating_mul(self.period_ns));
-        (self.period_start_ns)
+        self.period_start_ns
             .compare_exchange(start, next, Ordering::AcqRel, Ordering::Relaxed)
             .ok()?;
         Some(u32::try_from(periods).unwrap_or(u32::MAX).min(16))
