@@ -11,6 +11,12 @@ local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a|
 end
 local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
 local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+-- ARGV[from] to ARGV[to] as numbers, each nil where it is absent or not a number.
+local function numbers(from, to)
+  local out = {}
+  for i = from, to do out[i - from + 1] = tonumber(ARGV[i]) end
+  return unpack(out, 1, to - from + 1)
+end
 -- ms: ARGV[arg] when the caller passed now_ms there (tests replay sequences), else the Redis server's TIME.
 local function now_of(arg)
   local now = tonumber(ARGV[arg])
@@ -71,7 +77,8 @@ end
 -- Mirrors Roster::beat in src/algorithm/fleet.rs, which gives the same replies and stores the same state.
 
 local member = ARGV[1]
-local live_ms, keep_ms, leave = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local live_ms, keep_ms = numbers(2, 3)
+local leave = ARGV[4] == '1'
 if not (member and live_ms and keep_ms) or member == '' or live_ms < 0 or keep_ms < 1 then
   return redis.error_reply('ERR fleet: bad arguments (member, live_ms, keep_ms, leave)')
 end

@@ -11,6 +11,12 @@ local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a|
 end
 local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
 local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+-- ARGV[from] to ARGV[to] as numbers, each nil where it is absent or not a number.
+local function numbers(from, to)
+  local out = {}
+  for i = from, to do out[i - from + 1] = tonumber(ARGV[i]) end
+  return unpack(out, 1, to - from + 1)
+end
 -- ms: ARGV[arg] when the caller passed now_ms there (tests replay sequences), else the Redis server's TIME.
 local function now_of(arg)
   local now = tonumber(ARGV[arg])
@@ -73,11 +79,7 @@ end
 --   reset_after_ms  ms until every counted sub-bucket has left
 -- Mirrors SlidingWindow in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
 
-local window = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local ban_ms = tonumber(ARGV[5])
+local window, n, limit, cost, ban_ms = numbers(1, 5)
 local now_arg = 6
 if not (window and n and limit and cost and ban_ms) or n < 1 or window < n or window % n ~= 0 or limit < 1 or cost < 0 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_window: bad arguments (window_ms, sub_buckets, limit, cost, ban_ms)')

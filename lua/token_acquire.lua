@@ -11,6 +11,12 @@ local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a|
 end
 local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
 local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+-- ARGV[from] to ARGV[to] as numbers, each nil where it is absent or not a number.
+local function numbers(from, to)
+  local out = {}
+  for i = from, to do out[i - from + 1] = tonumber(ARGV[i]) end
+  return unpack(out, 1, to - from + 1)
+end
 -- ms: ARGV[arg] when the caller passed now_ms there (tests replay sequences), else the Redis server's TIME.
 local function now_of(arg)
   local now = tonumber(ARGV[arg])
@@ -330,11 +336,7 @@ end
 -- Mirrors TokenBucket::acquire in src/algorithm/token_bucket.rs, which gives the same replies and stores the same
 -- state.
 
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local per = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local max_wait = tonumber(ARGV[5])
+local capacity, rate, per, cost, max_wait = numbers(1, 5)
 local now_arg = 6
 if not (capacity and rate and per and cost and max_wait) or capacity < 1 or rate < 0 or per < 1 or cost < 1 or max_wait < 0 then
   return redis.error_reply('ERR token_acquire: bad arguments (capacity, rate, per_ms, cost, max_wait_ms)')

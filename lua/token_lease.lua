@@ -11,6 +11,12 @@ local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a|
 end
 local function cdiv(a, b) return idiv(a + b - 1, b) end -- ceil(a / b) for integers, b ≥ 1
 local function int(x) return string.format('%.0f', x) end -- an integer as digits, never '1e+15'
+-- ARGV[from] to ARGV[to] as numbers, each nil where it is absent or not a number.
+local function numbers(from, to)
+  local out = {}
+  for i = from, to do out[i - from + 1] = tonumber(ARGV[i]) end
+  return unpack(out, 1, to - from + 1)
+end
 -- ms: ARGV[arg] when the caller passed now_ms there (tests replay sequences), else the Redis server's TIME.
 local function now_of(arg)
   local now = tonumber(ARGV[arg])
@@ -356,13 +362,7 @@ end
 -- invariant 1's bound holds with the TTL counted from each chunk's release. Mirrors TokenBucket::lease in src/algorithm/token_bucket.rs,
 -- which gives the same replies and stores the same state.
 
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local per = tonumber(ARGV[3])
-local min = tonumber(ARGV[4])
-local max = tonumber(ARGV[5])
-local batch = tonumber(ARGV[6])
-local chunk, chunk_ms = tonumber(ARGV[7]), tonumber(ARGV[8])
+local capacity, rate, per, min, max, batch, chunk, chunk_ms = numbers(1, 8)
 if not (capacity and rate and per and min and max and batch and chunk and chunk_ms) or capacity < 1 or rate < 0
     or per < 1 or min < 1 or max < min or batch < 0 or chunk < 0 or chunk_ms < 0 then
   return redis.error_reply('ERR token_lease: bad arguments (capacity, rate, per_ms, min, max, batch, chunk, chunk_ms)')
@@ -407,8 +407,7 @@ end
 local hold, held_now = false, 0
 local holder = ARGV[now_arg + 2]
 if holder and holder ~= '' then
-  local seq, says, want, hold_ms = tonumber(ARGV[now_arg + 3]), tonumber(ARGV[now_arg + 4]),
-    tonumber(ARGV[now_arg + 5]), tonumber(ARGV[now_arg + 6])
+  local seq, says, want, hold_ms = numbers(now_arg + 3, now_arg + 6)
   if not (seq and says and want and hold_ms) or seq < 0 or says < 0 or want < 0 or hold_ms < 0 then
     return redis.error_reply('ERR token_lease: bad hold arguments (holder, seq, held, want, hold_ms)')
   end

@@ -29,18 +29,14 @@
 --   reset_after_ms  ms until the window ends (0 when no window is open)
 -- Mirrors FixedWindow in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
 
-local window = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local ban_ms = tonumber(ARGV[4])
-local align = tonumber(ARGV[5])
+local window, limit, cost, ban_ms, align = numbers(1, 5)
 local now_arg = 6
 if not (window and limit and cost and ban_ms and align) or window < 1 or limit < 1 or cost < 0 or ban_ms < 0 or align < -2 then
   return redis.error_reply('ERR fixed_window: bad arguments (window_ms, limit, cost, ban_ms, align_ms)')
 end
 local b = nil -- a time zone's boundaries
 if align == -2 then
-  b = { tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]) }
+  b = { numbers(6, 9) }
   if not (b[1] and b[2] and b[3] and b[4]) or b[1] >= b[2] or b[2] >= b[3] or b[3] >= b[4] then
     return redis.error_reply('ERR fixed_window: bad window boundaries (b0 < b1 < b2 < b3)')
   end

@@ -18,7 +18,8 @@
 -- Mirrors Roster::beat in src/algorithm/fleet.rs, which gives the same replies and stores the same state.
 
 local member = ARGV[1]
-local live_ms, keep_ms, leave = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local live_ms, keep_ms = numbers(2, 3)
+local leave = ARGV[4] == '1'
 if not (member and live_ms and keep_ms) or member == '' or live_ms < 0 or keep_ms < 1 then
   return redis.error_reply('ERR fleet: bad arguments (member, live_ms, keep_ms, leave)')
 end

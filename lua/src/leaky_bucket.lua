@@ -19,10 +19,7 @@
 --   reset_after_ms  until the queue is empty (the TAT)
 -- Mirrors src/algorithm/leaky_bucket.rs.
 
-local rate = tonumber(ARGV[1])
-local per = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local max_wait = tonumber(ARGV[4])
+local rate, per, cost, max_wait = numbers(1, 4)
 local member = ARGV[5]
 local now_arg = 6
 if not (rate and per and cost and max_wait and member) or rate < 1 or per < 1 or cost < 0 or max_wait < 0 then

@@ -12,9 +12,7 @@
 -- Reply: { returned, 0, 0, reset_after_ms }: returned = cost when handed back, 0 when someone queued behind.
 -- Mirrors src/algorithm/leaky_bucket.rs.
 
-local rate = tonumber(ARGV[1])
-local per = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
+local rate, per, cost = numbers(1, 3)
 local member = ARGV[4]
 local now_arg = 5
 if not (rate and per and cost and member) or rate < 1 or per < 1 or cost < 1 then

@@ -20,9 +20,7 @@
 --   reset_after_ms  ms until every grant has left the window
 -- Mirrors SlidingLog in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
 
-local window = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
+local window, limit, cost = numbers(1, 3)
 local member = ARGV[4]
 local ban_ms = tonumber(ARGV[5])
 local now_arg = 6

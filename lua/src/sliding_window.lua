@@ -20,11 +20,7 @@
 --   reset_after_ms  ms until every counted sub-bucket has left
 -- Mirrors SlidingWindow in src/algorithm/window.rs and Ban in src/algorithm/ban.rs.
 
-local window = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local ban_ms = tonumber(ARGV[5])
+local window, n, limit, cost, ban_ms = numbers(1, 5)
 local now_arg = 6
 if not (window and n and limit and cost and ban_ms) or n < 1 or window < n or window % n ~= 0 or limit < 1 or cost < 0 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_window: bad arguments (window_ms, sub_buckets, limit, cost, ban_ms)')

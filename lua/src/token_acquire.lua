@@ -28,11 +28,7 @@
 -- Mirrors TokenBucket::acquire in src/algorithm/token_bucket.rs, which gives the same replies and stores the same
 -- state.
 
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local per = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local max_wait = tonumber(ARGV[5])
+local capacity, rate, per, cost, max_wait = numbers(1, 5)
 local now_arg = 6
 if not (capacity and rate and per and cost and max_wait) or capacity < 1 or rate < 0 or per < 1 or cost < 1 or max_wait < 0 then
   return redis.error_reply('ERR token_acquire: bad arguments (capacity, rate, per_ms, cost, max_wait_ms)')

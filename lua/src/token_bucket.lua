@@ -37,11 +37,7 @@
 -- after the change refills at the new rate). Mirrors src/algorithm/token_bucket.rs, which gives the same replies
 -- and stores the same state.
 
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local per = tonumber(ARGV[3])
-local min = tonumber(ARGV[4])
-local max = tonumber(ARGV[5])
+local capacity, rate, per, min, max = numbers(1, 5)
 local ban_key, ban_ms = KEYS[2], 0
 local now_arg = 6
 if ban_key then ban_ms, now_arg = tonumber(ARGV[6]), 7 end

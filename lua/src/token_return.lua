@@ -33,10 +33,7 @@
 -- parameters the hash records, then the level is converted to this call's, as in token_bucket.lua (invariant 11).
 -- Mirrors src/algorithm/token_bucket.rs, which gives the same replies and stores the same state.
 
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local per = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
+local capacity, rate, per, n = numbers(1, 4)
 local mark_ms, since = 0, '-1'
 local now_arg = 5
 if KEYS[2] then mark_ms, since, now_arg = tonumber(ARGV[5]), ARGV[6] or '-1', 7 end
