@@ -1,19 +1,14 @@
-//! Typed store calls: one constructor per script of `lua/` (`script.rs`), and the only place where a call becomes the
-//! script's `KEYS` and `ARGV` (as redis-rs's `ScriptInvocation` builds an invocation) and where store keys are
-//! built. The in-process store matches on the same types, so neither side decodes positions.
+//! Typed store calls: one constructor per script of `lua/`, and the only place where store keys are built. The
+//! in-process store matches on the same types; `script.rs` turns them into a script's `KEYS` and `ARGV` for Redis,
+//! so neither side decodes positions.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::algorithm::fleet::Beat;
 use crate::algorithm::room::Lent;
-use crate::algorithm::{ms, HoldAsk, LeakyBucket, Pace, TokenBucket};
+use crate::algorithm::{HoldAsk, LeakyBucket, Pace, TokenBucket};
 use crate::rule::{Algorithm, Calendar};
-
-pub(crate) use super::script::Script;
-pub(crate) use members::Members;
-
-mod members;
-mod token_bucket;
 
 /// What a call asks of its script, with its arguments typed. Tokens are counts, times are milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,20 +94,6 @@ pub(crate) enum Op {
     Reset,
     /// `fleet.lua`: a member's beat in a rule's roster (the call's key), answered with the live count.
     Fleet(Beat),
-}
-
-/// An argument of a script, in `ARGV` order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Arg<'a> {
-    Int(i64),
-    Str(&'a str),
-    /// A give-back's tokens by lease, sent as `stamp:tokens` pairs joined by commas ([`Lent::encode`]).
-    Lent(&'a [Lent]),
-}
-
-/// An integer argument (tokens or ms), saturating at `i64::MAX`.
-pub(crate) fn int(v: u64) -> Arg<'static> {
-    Arg::Int(ms(v))
 }
 
 /// One script call: the key it decides, what it asks, and optionally the time it runs at and its own timeout.
@@ -318,13 +299,6 @@ impl Call {
         }
     }
 
-    /// The windows of `zone` around this process's clock (or the call's `now_ms`) and its neighbours: the
-    /// script picks the one holding the Redis server's TIME (invariant 6).
-    fn zone_bounds(&self, zone: &crate::rule::Zone, window_ms: u64) -> [i64; 4] {
-        let now = self.now_ms.map_or_else(crate::rule::wall_clock_ms, ms);
-        zone.bounds(window_ms, now)
-    }
-
     /// The same call replayed at `now_ms` (tests).
     #[cfg(test)]
     pub(crate) fn at(mut self, now_ms: u64) -> Self {
@@ -332,55 +306,20 @@ impl Call {
         self
     }
 
-    /// The same call with its own timeout.
-    pub(crate) fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// The script this call runs.
-    pub(crate) fn script(&self) -> Script {
-        match self.op {
-            Op::TokenBucket { .. } => Script::TokenBucket,
-            Op::TokenLease { .. } => Script::TokenLease,
-            Op::TokenReturn { .. } => Script::TokenReturn,
-            Op::TokenAcquire { .. } => Script::TokenAcquire,
-            Op::SlidingLog { .. } => Script::SlidingLog,
-            Op::FixedWindow { .. } => Script::FixedWindow,
-            Op::SlidingWindow { .. } => Script::SlidingWindow,
-            Op::LeakyBucket { .. } => Script::LeakyBucket,
-            Op::LeakyReturn { .. } => Script::LeakyReturn,
-            Op::Reset => Script::Reset,
-            Op::Fleet(_) => Script::Fleet,
-        }
-    }
-
     /// The ban key beside the decided key (same hash tag).
     pub(crate) fn ban_key(&self) -> String {
         format!("{}:ban", self.key)
     }
 
-    /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban (a give-back's
-    /// mark for a marked give-back).
-    pub(crate) fn keys(&self) -> Vec<String> {
-        if let Op::TokenReturn { id: Some(id), .. } = &self.op {
-            return vec![self.key.clone(), format!("{}:return:{id}", self.key)];
-        }
-        let banned = match &self.op {
-            Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
-            Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
-            Op::TokenReturn { .. }
-            | Op::TokenLease { .. }
-            | Op::TokenAcquire { .. }
-            | Op::LeakyBucket { .. }
-            | Op::LeakyReturn { .. }
-            | Op::Fleet(_) => false,
-        };
-        if banned {
-            vec![self.key.clone(), self.ban_key()]
-        } else {
-            vec![self.key.clone()]
-        }
+    /// A marked give-back's mark beside the decided key (same hash tag): applied once ([`Call::once`]).
+    pub(crate) fn mark_key(&self, id: &str) -> String {
+        format!("{}:return:{id}", self.key)
+    }
+
+    /// The same call with its own timeout.
+    pub(crate) fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// This call made with parameters adopted at `adopted_ms` (ms since the Unix epoch): a token bucket's hash
@@ -392,152 +331,164 @@ impl Call {
         self
     }
 
-    /// `ARGV`, in the script's order (see each script's header), with the trailing `now_ms` when set; a token
-    /// call adopted at some instant then has `now_ms` (empty when unset: the server's TIME) and `adopted_ms`.
-    pub(crate) fn args(&self) -> Vec<Arg<'_>> {
-        let bucket = |b: &TokenBucket| [int(b.capacity), int(b.rate), int(b.per_ms)];
-        let mut args: Vec<Arg<'_>> = match &self.op {
+    // The token bucket's calls: takes, leases, give-backs and pay-later acquires.
+
+    /// `token_bucket.lua`: take between `min` and `max` tokens (the limiter leases with [`Call::lease`]).
+    #[cfg(test)]
+    pub(crate) fn take(key: impl Into<String>, bucket: TokenBucket, min: u64, max: u64) -> Self {
+        Self::new(
+            key,
             Op::TokenBucket {
-                bucket: b,
+                bucket,
                 min,
                 max,
+                ban_ms: 0,
+            },
+        )
+    }
+
+    /// `token_bucket.lua` with its ban key: take `cost` tokens, ban for `ban_ms` after a refusal.
+    pub(crate) fn take_or_ban(key: impl Into<String>, bucket: TokenBucket, cost: u64, ban_ms: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenBucket {
+                bucket,
+                min: cost,
+                max: cost,
                 ban_ms,
-            } => {
-                let mut v = bucket(b).to_vec();
-                v.extend([int(*min), int(*max)]);
-                if *ban_ms > 0 {
-                    v.push(int(*ban_ms));
-                }
-                v
-            }
+            },
+        )
+    }
+
+    /// `token_lease.lua`: a lease of between `min` and `max` tokens sized for `batch`, handed the bucket's next
+    /// turn (`batch` spaces them) when it leaves fewer than `min` tokens behind.
+    pub(crate) fn lease(key: impl Into<String>, bucket: TokenBucket, (min, max): (u64, u64), batch: u64) -> Self {
+        Self::new(
+            key,
             Op::TokenLease {
-                bucket: b,
+                bucket,
                 min,
                 max,
                 batch,
-                pace,
-                ..
-            } => {
-                let mut v = bucket(b).to_vec();
-                v.extend([int(*min), int(*max), int(*batch), int(pace.chunk), int(pace.chunk_ms)]);
-                v
-            }
+                pace: Pace::default(),
+                hold: None,
+            },
+        )
+    }
+
+    /// This lease (of [`Call::lease`]) released by `pace`: in chunks, the bucket keeping what is to be released
+    /// as pending. Other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn paced(mut self, pace: Pace) -> Self {
+        if let Op::TokenLease { pace: p, .. } = &mut self.op {
+            *p = pace;
+        }
+        self
+    }
+
+    /// This lease (of [`Call::lease`]) asking to hold tokens for an outage (`fail_mode = "local"`'s reserve,
+    /// [`crate::algorithm::hold`]). Other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn holding(mut self, ask: HoldAsk) -> Self {
+        if let Op::TokenLease { hold, .. } = &mut self.op {
+            *hold = Some(ask);
+        }
+        self
+    }
+
+    /// `token_return.lua`: `tokens` back to the bucket.
+    pub(crate) fn give_back(key: impl Into<String>, bucket: TokenBucket, tokens: u64) -> Self {
+        Self::new(
+            key,
             Op::TokenReturn {
-                bucket: b,
+                bucket,
                 tokens,
-                id,
-                mark_ms,
-                lent,
-            } => {
-                let mut v = bucket(b).to_vec();
-                v.push(int(*tokens));
-                if id.is_some() {
-                    v.push(int(*mark_ms));
-                    v.push(if lent.is_empty() { Arg::Int(-1) } else { Arg::Lent(lent) });
-                }
-                v
-            }
+                id: None,
+                mark_ms: 0,
+                lent: Vec::new(),
+            },
+        )
+    }
+
+    /// This give-back (of [`Call::give_back`]) of the tokens of the leases `lent` names ([`Lent`], by the
+    /// [`crate::algorithm::Reply::stamp`] of each): its tokens become their sum, and each lease's add at most the
+    /// room the bucket had since it. Applies to a call made [`Call::once`] (the script reads the stamps after the
+    /// mark); other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn since(mut self, lent: Vec<Lent>) -> Self {
+        if let Op::TokenReturn { tokens, lent: at, .. } = &mut self.op {
+            *tokens = lent.iter().map(|l| l.tokens).sum();
+            *at = lent;
+        }
+        self
+    }
+
+    /// This give-back (of [`Call::give_back`]) applied once however often it is sent with the same `id` (unique
+    /// to the call; it must not hold `}`) within `mark` (longer than the call and its retries may take,
+    /// [`crate::timings::Timings::mark`]): sent again after a connection dropped once the script ran (a Cluster
+    /// client retries such a call), it does not add the tokens twice. Other calls are returned unchanged.
+    #[must_use]
+    pub(crate) fn once(mut self, id: impl Into<String>, mark: Duration) -> Self {
+        if let Op::TokenReturn { id: at, mark_ms, .. } = &mut self.op {
+            *at = Some(id.into());
+            *mark_ms = crate::clock::millis(mark).max(1);
+        }
+        self
+    }
+
+    /// `token_acquire.lua`: take `cost` now and pay later, when the wait fits in `max_wait_ms`.
+    pub(crate) fn acquire(key: impl Into<String>, bucket: TokenBucket, cost: u64, max_wait_ms: u64) -> Self {
+        Self::new(
+            key,
             Op::TokenAcquire {
-                bucket: b,
+                bucket,
                 cost,
                 max_wait_ms,
-            } => {
-                let mut v = bucket(b).to_vec();
-                v.extend([int(*cost), int(*max_wait_ms)]);
-                v
-            }
-            Op::SlidingLog {
-                window_ms,
-                limit,
-                cost,
-                member,
-                ban_ms,
-            } => vec![int(*window_ms), int(*limit), int(*cost), Arg::Str(member), int(*ban_ms)],
-            Op::FixedWindow {
-                window_ms,
-                limit,
-                cost,
-                ban_ms,
-                calendar,
-            } => {
-                let mut v = vec![int(*window_ms), int(*limit), int(*cost), int(*ban_ms)];
-                match calendar {
-                    None => v.push(Arg::Int(-1)),
-                    Some(Calendar::Offset { align_ms }) => v.push(int(*align_ms)),
-                    Some(Calendar::Zone(zone)) => {
-                        v.push(Arg::Int(-2));
-                        v.extend(self.zone_bounds(zone, *window_ms).map(Arg::Int));
-                    }
-                }
-                v
-            }
-            Op::SlidingWindow {
-                window_ms,
-                sub_buckets,
-                limit,
-                cost,
-                ban_ms,
-            } => vec![
-                int(*window_ms),
-                int(*sub_buckets),
-                int(*limit),
-                int(*cost),
-                int(*ban_ms),
-            ],
-            Op::LeakyBucket {
-                queue,
-                cost,
-                max_wait_ms,
-                member,
-            } => vec![
-                int(queue.rate),
-                int(queue.per_ms),
-                int(*cost),
-                int(*max_wait_ms),
-                Arg::Str(member),
-            ],
-            Op::LeakyReturn { queue, cost, member } => {
-                vec![int(queue.rate), int(queue.per_ms), int(*cost), Arg::Str(member)]
-            }
-            Op::Reset => Vec::new(),
-            Op::Fleet(beat) => vec![
-                Arg::Str(&beat.member),
-                int(beat.live_ms),
-                int(beat.keep_ms),
-                Arg::Int(i64::from(beat.leave)),
-            ],
-        };
-        let token = matches!(
-            self.op,
-            Op::TokenBucket { .. } | Op::TokenLease { .. } | Op::TokenReturn { .. } | Op::TokenAcquire { .. }
-        );
-        let hold = match &self.op {
-            Op::TokenLease { hold: Some(h), .. } => Some(h),
-            _ => None,
-        };
-        // Optional arguments in order: now_ms, adopted_ms, then a lease's hold (each earlier one given, empty for
-        // the store's TIME).
-        let adopted = token && (self.adopted_ms > 0 || hold.is_some());
-        match self.now_ms {
-            Some(now) => args.push(int(now)),
-            None if adopted => args.push(Arg::Str("")),
-            None => {}
-        }
-        if adopted {
-            args.push(int(self.adopted_ms));
-        }
-        if let Some(h) = hold {
-            args.extend([
-                Arg::Str(&h.holder),
-                int(h.seq),
-                int(h.held),
-                int(h.want),
-                int(h.hold_ms),
-            ]);
-        }
-        args
+            },
+        )
     }
 }
 
-#[cfg(test)]
-mod tests;
+/// Unique members of sliding-log and leaky-bucket calls: `{prefix}-{n}`, the prefix telling apart processes
+/// and limiters of one process.
+#[derive(Debug)]
+pub(crate) struct Members {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Members {
+    /// Members for one limiter of this process: the prefix is the process id, the wall clock's nanoseconds now
+    /// (a restarted process with the same id gets another) and the limiter's number in the process (two
+    /// limiters built in the same nanosecond get two).
+    pub(crate) fn new() -> Self {
+        static LIMITERS: AtomicU64 = AtomicU64::new(0);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let n = LIMITERS.fetch_add(1, Ordering::Relaxed);
+        Self {
+            prefix: format!("{:x}.{seed:x}.{n:x}", std::process::id()),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// Members named `{name}-{n}`, the limiter itself `name` (see [`crate::LimiterBuilder::member`]).
+    pub(crate) fn named(name: String) -> Self {
+        Self {
+            prefix: name,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// The limiter's own name: its member in the rules' rosters (`fleet.lua`).
+    pub(crate) fn name(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The next member.
+    pub(crate) fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.prefix)
+    }
+}

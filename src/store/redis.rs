@@ -13,9 +13,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::TlsCertificates;
 use tokio::sync::watch;
 
-use super::call::{Arg, Call, Script};
+use super::call::Call;
 use super::connect::{self, Single};
 use super::eviction::EvictionWatch;
+use super::script::{Arg, Script};
 use super::target::{self, tcp_settings, Target};
 use super::{BoxFuture, Store};
 use crate::algorithm::room::Lent;

@@ -1,9 +1,15 @@
-//! The scripts of `lua/`: their names (the `script` metric label) and their source, loaded once per server
-//! (`redis.rs`) and mirrored by the in-process store (`memory.rs`).
+//! The scripts of `lua/`: their names (the `script` metric label), their source, loaded once per server
+//! (`redis.rs`) and mirrored by the in-process store (`memory.rs`), and the one place where a [`Call`] becomes its
+//! script's `KEYS` and `ARGV` (as redis-rs's `ScriptInvocation` builds an invocation).
 //!
 //! One source: a script's own part is `lua/src/NAME.lua`, what the scripts share is `lua/lib/`. Each is assembled
 //! here at build time, and the same text is written to `lua/NAME.lua` for services in other languages, which load
 //! it as it is (`EVAL`, `SCRIPT LOAD`: the same SHA as this crate's). A test fails when those files are stale.
+
+use super::call::{Call, Op};
+use crate::algorithm::room::Lent;
+use crate::algorithm::{ms, TokenBucket};
+use crate::rule::Calendar;
 
 /// The line a standalone script of `lua/` opens with.
 macro_rules! generated {
@@ -114,6 +120,216 @@ impl Script {
     }
 }
 
+/// An argument of a script, in `ARGV` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arg<'a> {
+    Int(i64),
+    Str(&'a str),
+    /// A give-back's tokens by lease, sent as `stamp:tokens` pairs joined by commas ([`Lent::encode`]).
+    Lent(&'a [Lent]),
+}
+
+/// An integer argument (tokens or ms), saturating at `i64::MAX`.
+pub(crate) fn int(v: u64) -> Arg<'static> {
+    Arg::Int(ms(v))
+}
+
+/// How a call becomes its script's `KEYS` and `ARGV` (the in-process store matches on [`Op`] instead).
+impl Call {
+    /// The script this call runs.
+    pub(crate) fn script(&self) -> Script {
+        match self.op {
+            Op::TokenBucket { .. } => Script::TokenBucket,
+            Op::TokenLease { .. } => Script::TokenLease,
+            Op::TokenReturn { .. } => Script::TokenReturn,
+            Op::TokenAcquire { .. } => Script::TokenAcquire,
+            Op::SlidingLog { .. } => Script::SlidingLog,
+            Op::FixedWindow { .. } => Script::FixedWindow,
+            Op::SlidingWindow { .. } => Script::SlidingWindow,
+            Op::LeakyBucket { .. } => Script::LeakyBucket,
+            Op::LeakyReturn { .. } => Script::LeakyReturn,
+            Op::Reset => Script::Reset,
+            Op::Fleet(_) => Script::Fleet,
+        }
+    }
+
+    /// `KEYS`, in the script's order: the decided key, and the ban key for the scripts that ban (a give-back's
+    /// mark for a marked give-back).
+    pub(crate) fn keys(&self) -> Vec<String> {
+        if let Op::TokenReturn { id: Some(id), .. } = &self.op {
+            return vec![self.key.clone(), self.mark_key(id)];
+        }
+        let banned = match &self.op {
+            Op::TokenBucket { ban_ms, .. } => *ban_ms > 0,
+            Op::SlidingLog { .. } | Op::FixedWindow { .. } | Op::SlidingWindow { .. } | Op::Reset => true,
+            Op::TokenReturn { .. }
+            | Op::TokenLease { .. }
+            | Op::TokenAcquire { .. }
+            | Op::LeakyBucket { .. }
+            | Op::LeakyReturn { .. }
+            | Op::Fleet(_) => false,
+        };
+        if banned {
+            vec![self.key.clone(), self.ban_key()]
+        } else {
+            vec![self.key.clone()]
+        }
+    }
+
+    /// `ARGV`, in the script's order (see each script's header), with the trailing `now_ms` when set; a token
+    /// call adopted at some instant then has `now_ms` (empty when unset: the server's TIME) and `adopted_ms`.
+    pub(crate) fn args(&self) -> Vec<Arg<'_>> {
+        let bucket = |b: &TokenBucket| [int(b.capacity), int(b.rate), int(b.per_ms)];
+        let mut args: Vec<Arg<'_>> = match &self.op {
+            Op::TokenBucket {
+                bucket: b,
+                min,
+                max,
+                ban_ms,
+            } => {
+                let mut v = bucket(b).to_vec();
+                v.extend([int(*min), int(*max)]);
+                if *ban_ms > 0 {
+                    v.push(int(*ban_ms));
+                }
+                v
+            }
+            Op::TokenLease {
+                bucket: b,
+                min,
+                max,
+                batch,
+                pace,
+                ..
+            } => {
+                let mut v = bucket(b).to_vec();
+                v.extend([int(*min), int(*max), int(*batch), int(pace.chunk), int(pace.chunk_ms)]);
+                v
+            }
+            Op::TokenReturn {
+                bucket: b,
+                tokens,
+                id,
+                mark_ms,
+                lent,
+            } => {
+                let mut v = bucket(b).to_vec();
+                v.push(int(*tokens));
+                if id.is_some() {
+                    v.push(int(*mark_ms));
+                    v.push(if lent.is_empty() { Arg::Int(-1) } else { Arg::Lent(lent) });
+                }
+                v
+            }
+            Op::TokenAcquire {
+                bucket: b,
+                cost,
+                max_wait_ms,
+            } => {
+                let mut v = bucket(b).to_vec();
+                v.extend([int(*cost), int(*max_wait_ms)]);
+                v
+            }
+            Op::SlidingLog {
+                window_ms,
+                limit,
+                cost,
+                member,
+                ban_ms,
+            } => vec![int(*window_ms), int(*limit), int(*cost), Arg::Str(member), int(*ban_ms)],
+            Op::FixedWindow {
+                window_ms,
+                limit,
+                cost,
+                ban_ms,
+                calendar,
+            } => {
+                let mut v = vec![int(*window_ms), int(*limit), int(*cost), int(*ban_ms)];
+                match calendar {
+                    None => v.push(Arg::Int(-1)),
+                    Some(Calendar::Offset { align_ms }) => v.push(int(*align_ms)),
+                    Some(Calendar::Zone(zone)) => {
+                        v.push(Arg::Int(-2));
+                        v.extend(self.zone_bounds(zone, *window_ms).map(Arg::Int));
+                    }
+                }
+                v
+            }
+            Op::SlidingWindow {
+                window_ms,
+                sub_buckets,
+                limit,
+                cost,
+                ban_ms,
+            } => vec![
+                int(*window_ms),
+                int(*sub_buckets),
+                int(*limit),
+                int(*cost),
+                int(*ban_ms),
+            ],
+            Op::LeakyBucket {
+                queue,
+                cost,
+                max_wait_ms,
+                member,
+            } => vec![
+                int(queue.rate),
+                int(queue.per_ms),
+                int(*cost),
+                int(*max_wait_ms),
+                Arg::Str(member),
+            ],
+            Op::LeakyReturn { queue, cost, member } => {
+                vec![int(queue.rate), int(queue.per_ms), int(*cost), Arg::Str(member)]
+            }
+            Op::Reset => Vec::new(),
+            Op::Fleet(beat) => vec![
+                Arg::Str(&beat.member),
+                int(beat.live_ms),
+                int(beat.keep_ms),
+                Arg::Int(i64::from(beat.leave)),
+            ],
+        };
+        let token = matches!(
+            self.op,
+            Op::TokenBucket { .. } | Op::TokenLease { .. } | Op::TokenReturn { .. } | Op::TokenAcquire { .. }
+        );
+        let hold = match &self.op {
+            Op::TokenLease { hold: Some(h), .. } => Some(h),
+            _ => None,
+        };
+        // Optional arguments in order: now_ms, adopted_ms, then a lease's hold (each earlier one given, empty for
+        // the store's TIME).
+        let adopted = token && (self.adopted_ms > 0 || hold.is_some());
+        match self.now_ms {
+            Some(now) => args.push(int(now)),
+            None if adopted => args.push(Arg::Str("")),
+            None => {}
+        }
+        if adopted {
+            args.push(int(self.adopted_ms));
+        }
+        if let Some(h) = hold {
+            args.extend([
+                Arg::Str(&h.holder),
+                int(h.seq),
+                int(h.held),
+                int(h.want),
+                int(h.hold_ms),
+            ]);
+        }
+        args
+    }
+
+    /// The windows of `zone` around this process's clock (or the call's `now_ms`) and its neighbours: the
+    /// script picks the one holding the Redis server's TIME (invariant 6).
+    fn zone_bounds(&self, zone: &crate::rule::Zone, window_ms: u64) -> [i64; 4] {
+        let now = self.now_ms.map_or_else(crate::rule::wall_clock_ms, ms);
+        zone.bounds(window_ms, now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -156,5 +372,66 @@ mod tests {
         expected.extend(["lib".to_string(), "src".to_string()]);
         expected.sort();
         assert_eq!(names, expected, "lua/ holds the generated scripts, lib/ and src/ only");
+    }
+
+    use super::{Arg, Call};
+    use crate::algorithm::room::Lent;
+    use crate::algorithm::{LeakyBucket, TokenBucket};
+    use crate::store::call::store_key;
+
+    /// `KEYS` and `ARGV` of each call, as the scripts' headers give them.
+    #[test]
+    fn keys_and_argv_follow_the_script_headers() {
+        let b = TokenBucket {
+            capacity: 10,
+            rate: 1,
+            per_ms: 1_000,
+        };
+        let take = Call::take("tl:{r:k}", b, 2, 5).at(7);
+        assert_eq!(take.keys(), ["tl:{r:k}"]);
+        let ints = [10, 1, 1_000, 2, 5, 7].map(Arg::Int);
+        assert_eq!(take.args(), ints);
+        let banned = Call::take_or_ban("tl:{r:k}", b, 1, 60_000);
+        assert_eq!(banned.keys(), ["tl:{r:k}", "tl:{r:k}:ban"]);
+        assert_eq!(banned.args(), [10, 1, 1_000, 1, 1, 60_000].map(Arg::Int));
+        let log = Call::sliding_log("tl:{l:u}", (60_000, 5), 1, 0, "m-1");
+        assert_eq!(
+            log.args(),
+            [Arg::Int(60_000), Arg::Int(5), Arg::Int(1), Arg::Str("m-1"), Arg::Int(0)]
+        );
+        let rolling = Call::fixed_window("tl:{f:u}", (1_000, 3), 1, 0, None);
+        assert_eq!(rolling.args().last(), Some(&Arg::Int(-1)));
+        let queue = LeakyBucket { rate: 5, per_ms: 1_000 };
+        let reserve = Call::reserve("tl:{q:j}", queue, 1, 30_000, "m-2");
+        assert_eq!(
+            reserve.args(),
+            [
+                Arg::Int(5),
+                Arg::Int(1_000),
+                Arg::Int(1),
+                Arg::Int(30_000),
+                Arg::Str("m-2")
+            ]
+        );
+        let release = Call::release("tl:{q:j}", queue, 1, "m-2");
+        assert_eq!(release.args()[3], Arg::Str("m-2"));
+        assert_eq!(Call::give_back("tl:{r:k}", b, 3).args()[3], Arg::Int(3));
+        let mark = std::time::Duration::from_secs(12);
+        let once = Call::give_back("tl:{r:k}", b, 3).once("p.1-8", mark);
+        assert_eq!(once.keys(), ["tl:{r:k}", "tl:{r:k}:return:p.1-8"]);
+        assert_eq!(
+            once.args(),
+            [10, 1, 1_000, 3, 12_000, -1].map(Arg::Int),
+            "the mark kept 12 s; no lease's stamp"
+        );
+        let lent =
+            [(1_700_000_000_000_007, 2), (1_700_000_000_001_000, 1)].map(|(stamp, tokens)| Lent { stamp, tokens });
+        let since = Call::give_back("tl:{r:k}", b, 0)
+            .once("p.1-8", mark)
+            .since(lent.to_vec());
+        assert_eq!(since.args()[3], Arg::Int(3), "the tokens of the leases named");
+        assert_eq!(since.args()[5], Arg::Lent(&lent));
+        assert_eq!(Lent::encode(&lent), "1700000000000007:2,1700000000001000:1");
+        assert_eq!(store_key("tl", "sku_buy", "sku:42"), "tl:{sku_buy:sku:42}");
     }
 }

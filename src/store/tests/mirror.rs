@@ -5,8 +5,8 @@ use super::harness::EveryStore;
 use super::token_bucket::{acquire, bucket, connect, give, paced, redis_bucket, take};
 use crate::algorithm::room::Lent;
 use crate::algorithm::{HoldAsk, Reply};
-use crate::store::call::Arg;
 use crate::store::call::Op;
+use crate::store::script::Arg;
 use crate::store::{Call, Store};
 
 /// Runs `call`'s script on Redis and removes its key's TTL in one transaction (Redis 7 freezes its clock for

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::harness::{r, step, EveryStore, Step};
 use crate::rule::{Calendar, Zone};
-use crate::store::call::Script;
+use crate::store::script::Script;
 use crate::store::Call;
 
 const HOUR: u64 = 3_600_000;
