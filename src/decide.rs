@@ -16,7 +16,7 @@ use crate::compiled::Compiled;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, FailReason};
 use crate::lease::bucket::LocalBucket;
-use crate::lease::engine::{unleased, Answer, Engine};
+use crate::lease::engine::{Answer, Engine};
 use crate::nearby;
 use crate::rule::{self, Algorithm};
 use crate::store::call::{store_key, Call};
@@ -134,7 +134,8 @@ impl Engine {
         if cost == 0 {
             return self.peek(compiled, key).await;
         }
-        let decision = match compiled.rule.algorithm_for(key) {
+        let algorithm = compiled.rule.algorithm_for(key);
+        let decision = match algorithm {
             Algorithm::TokenBucket {
                 bucket,
                 lease: Some(lease),
@@ -143,9 +144,10 @@ impl Engine {
                 // A hot key: decided from its leased tokens (and counted by its shards), or by the fail mode.
                 Some((decision, true)) => return Ok(compiled.shadowed(decision)),
                 Some((decision, false)) => decision,
-                // A cold one: one store call, as without a lease; hot at once if the fleet spends its bucket.
+                // A cold one: one store call, as without a lease (a leased rule cannot ban); hot at once if the
+                // fleet spends its bucket.
                 None => {
-                    let decision = self.check_store(compiled, &unleased(bucket), key, cost).await;
+                    let decision = self.check_store(compiled, algorithm, key, cost).await;
                     if decision.source != Source::Fallback {
                         self.heat_up(compiled, (bucket, lease), key, cost, decision.remaining);
                     }
@@ -185,14 +187,10 @@ impl Engine {
     /// # Errors
     /// [`Error::Store`] when the store fails or times out (a peek has no fail mode).
     pub(crate) async fn peek(&self, compiled: &Compiled, key: &str) -> Result<Decision, Error> {
-        let algorithm = match compiled.rule.algorithm_for(key) {
-            Algorithm::TokenBucket {
-                bucket, lease: Some(_), ..
-            } => unleased(bucket),
-            algorithm => algorithm.clone(),
-        };
+        // A leased rule's shared bucket answers as an unleased one would (its call takes no lease).
+        let algorithm = compiled.rule.algorithm_for(key);
         let key_in_store = store_key(&self.key_prefix, &compiled.rule.name, key);
-        let call = Call::check(&algorithm, &key_in_store, 0, &self.members).adopted(compiled.adopted_ms);
+        let call = Call::check(algorithm, &key_in_store, 0, &self.members).adopted(compiled.adopted_ms);
         let reply = self.store.run(&call).await?;
         let mut decision = Decision::from_peek(&reply, self.store.source());
         let held = compiled.leases.get(key).map_or(0, |local| local.available());

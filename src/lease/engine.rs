@@ -20,7 +20,7 @@ use crate::decision::{Decision, Source};
 use crate::error::FailReason;
 use crate::fallback::Fallback;
 use crate::refusals::Refusals;
-use crate::rule::{Algorithm, FailMode, Lease};
+use crate::rule::{FailMode, Lease};
 use crate::store::call::{store_key, Call, Members};
 use crate::store::guarded::Guarded;
 use crate::telemetry;
@@ -113,15 +113,6 @@ fn hot_at(lease: &Lease) -> u64 {
     lease.hot_after.unwrap_or((lease.min_batch / 4).max(FEWEST_TELLING))
 }
 
-/// A leased bucket's algorithm without its lease: what a cold key and the fail mode run in its stead.
-pub(crate) fn unleased(bucket: &TokenBucket) -> Algorithm {
-    Algorithm::TokenBucket {
-        bucket: *bucket,
-        lease: None,
-        ban_ms: 0,
-    }
-}
-
 impl Engine {
     /// The hot path: decides from the key's leased tokens or its cached refusal; `None` when a lease (or the
     /// fail mode) must. The caller has checked that the key's bucket holds no expired tokens at `now`, which an
@@ -183,10 +174,10 @@ impl Engine {
         remaining: u64,
     ) {
         let drained = remaining.saturating_add(cost).saturating_add(lease.min_batch) <= bucket.capacity;
-        let hash = compiled.hash(key);
         let Some(heat) = compiled.heat.get().filter(|_| drained) else {
             return;
         };
+        let hash = compiled.hash(key);
         let estimate = heat.estimate(hash) + 1;
         if estimate < hot_at(lease) {
             return;
@@ -249,10 +240,9 @@ impl Engine {
         key: &str,
         cost: u64,
     ) -> Option<(Decision, bool)> {
-        let clock = &self.clock;
-        let timings = self.store.timings;
-        let give_up_at = clock.now_ns().saturating_add(nanos(timings.lease_wait));
         let mut local = self.local_bucket(compiled, bucket, lease, key)?;
+        let clock = &self.clock;
+        let give_up_at = clock.now_ns().saturating_add(nanos(self.store.timings.lease_wait));
         loop {
             if local.is_retired() {
                 // Evicted, cooled or reloaded under us: go on with the key's current bucket, if it has one.
