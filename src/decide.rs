@@ -6,7 +6,7 @@
 //! [`Engine::decide_now`] is the part decided without waiting: the key and cost checked against the rule, then
 //! the key's leased tokens when it has them (tens of nanoseconds, this thread's cache of the key's bucket first).
 //! [`Engine::decide`] is the rest: a peek for a cost of 0, a hot key's lease or its fail mode (`lease/engine.rs`),
-//! or one store call, decided by the rule's `fail_mode` when the store fails (`fallback/`). A key the store
+//! or one store call, decided by the rule's `fail_mode` when the store fails (`fallback.rs`). A key the store
 //! refused lately is refused in process until the refusal's `retry_after` (`refusals.rs`).
 
 use std::sync::Arc;

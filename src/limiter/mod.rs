@@ -2,7 +2,7 @@
 //!
 //! `check` borrows its rule from the current snapshot and hands it to the one path of a decision (`decide.rs`):
 //! a leased rule's key answered from its local bucket (`lease/engine.rs`), other rules by one store call
-//! (`store/guarded.rs`), the rule's `fail_mode` deciding when the store fails (`fallback/`). `acquire` waits in a
+//! (`store/guarded.rs`), the rule's `fail_mode` deciding when the store fails (`fallback.rs`). `acquire` waits in a
 //! queue (`queue.rs`). Building, reloading and shutting down live beside this file.
 
 use std::collections::HashMap;
