@@ -36,7 +36,7 @@ pub use decision::{Decision, Permit, Source};
 pub use error::{ConfigError, Error, StoreError, StoreErrorKind};
 pub use limiter::builder::LimiterBuilder;
 pub use limiter::handle::RuleHandle;
-pub use limiter::health::Readiness;
+pub use limiter::lifecycle::Readiness;
 pub use limiter::{Limiter, LimiterStats};
 pub use rule::{Algorithm, Calendar, FailMode, Lease, Override, Quota, Rule, Zone};
 pub use store::{BoxFuture, Faults, FaultyStore, LinkFault, MemoryStore, RedisStore, Store, StoreFault};
