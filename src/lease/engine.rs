@@ -455,11 +455,11 @@ impl Engine {
         // Once: a Cluster client retries a call whose connection dropped after the script ran.
         let call = Call::give_back(&local.store_key, local.bucket, n)
             .once(self.members.next(), self.store.timings.mark)
-            .since(unspent.lent.clone())
+            .since(unspent.lent)
             .adopted(compiled.adopted_ms);
         match self.store.run(&call).await {
             Ok(reply) => {
-                tracing::trace!(key = %local.store_key, n, lent = ?unspent.lent, ?reply, "give-back");
+                tracing::trace!(key = %local.store_key, n, ?call.op, ?reply, "give-back");
                 compiled.metrics.returned_tokens.increment(n);
                 self.returned_tokens.fetch_add(n, Ordering::Relaxed);
             }
