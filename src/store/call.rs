@@ -232,9 +232,13 @@ impl Call {
     }
 
     /// The call deciding `cost` tokens of `key` under `algorithm` at once (a leaky bucket answers whether a
-    /// slot is free now).
+    /// slot is free now). A leased bucket's call is its cold key's: the lease is ignored, and so is a ban (a
+    /// leased rule cannot ban; one whose public fields say otherwise does not ban its cold keys either).
     pub(crate) fn check(algorithm: &Algorithm, key: &str, cost: u64, members: &Members) -> Self {
         match algorithm {
+            Algorithm::TokenBucket {
+                bucket, lease: Some(_), ..
+            } => Self::take_or_ban(key, *bucket, cost, 0),
             Algorithm::TokenBucket { bucket, ban_ms, .. } => Self::take_or_ban(key, *bucket, cost, *ban_ms),
             Algorithm::SlidingLog {
                 limit,
@@ -299,13 +303,6 @@ impl Call {
         }
     }
 
-    /// The same call replayed at `now_ms` (tests).
-    #[cfg(test)]
-    pub(crate) fn at(mut self, now_ms: u64) -> Self {
-        self.now_ms = Some(now_ms);
-        self
-    }
-
     /// The ban key beside the decided key (same hash tag).
     pub(crate) fn ban_key(&self) -> String {
         format!("{}:ban", self.key)
@@ -332,20 +329,6 @@ impl Call {
     }
 
     // The token bucket's calls: takes, leases, give-backs and pay-later acquires.
-
-    /// `token_bucket.lua`: take between `min` and `max` tokens (the limiter leases with [`Call::lease`]).
-    #[cfg(test)]
-    pub(crate) fn take(key: impl Into<String>, bucket: TokenBucket, min: u64, max: u64) -> Self {
-        Self::new(
-            key,
-            Op::TokenBucket {
-                bucket,
-                min,
-                max,
-                ban_ms: 0,
-            },
-        )
-    }
 
     /// `token_bucket.lua` with its ban key: take `cost` tokens, ban for `ban_ms` after a refusal.
     pub(crate) fn take_or_ban(key: impl Into<String>, bucket: TokenBucket, cost: u64, ban_ms: u64) -> Self {
@@ -490,5 +473,28 @@ impl Members {
     pub(crate) fn next(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         format!("{}-{n}", self.prefix)
+    }
+}
+
+/// Calls only the tests make.
+#[cfg(test)]
+impl Call {
+    /// `token_bucket.lua`: take between `min` and `max` tokens (the limiter leases with [`Call::lease`]).
+    pub(crate) fn take(key: impl Into<String>, bucket: TokenBucket, min: u64, max: u64) -> Self {
+        Self::new(
+            key,
+            Op::TokenBucket {
+                bucket,
+                min,
+                max,
+                ban_ms: 0,
+            },
+        )
+    }
+
+    /// The same call replayed at `now_ms` (tests).
+    pub(crate) fn at(mut self, now_ms: u64) -> Self {
+        self.now_ms = Some(now_ms);
+        self
     }
 }

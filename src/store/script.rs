@@ -379,6 +379,42 @@ mod tests {
     use crate::algorithm::{LeakyBucket, TokenBucket};
     use crate::store::call::store_key;
 
+    /// A leased bucket's check is its cold key's take: no ban key and no ban, even when the rule's public fields
+    /// carry a ban (`Rule::with_ban` refuses one on a leased rule, a struct literal does not).
+    #[test]
+    fn a_leased_buckets_check_never_bans() {
+        let bucket = TokenBucket {
+            capacity: 10,
+            rate: 1,
+            per_ms: 1_000,
+        };
+        let lease = crate::rule::Lease {
+            min_batch: 1,
+            max_batch: 5,
+            ttl: std::time::Duration::from_millis(200),
+            hot_after: None,
+            reserve: None,
+        };
+        let members = crate::store::call::Members::named("m".into());
+        let leased = crate::rule::Algorithm::TokenBucket {
+            bucket,
+            lease: Some(lease),
+            ban_ms: 60_000,
+        };
+        let call = Call::check(&leased, "tl:{r:k}", 1, &members);
+        assert_eq!(call.keys(), ["tl:{r:k}"]);
+        assert_eq!(call.args(), [10, 1, 1_000, 1, 1].map(Arg::Int));
+        let unleased = crate::rule::Algorithm::TokenBucket {
+            bucket,
+            lease: None,
+            ban_ms: 60_000,
+        };
+        assert_eq!(
+            Call::check(&unleased, "tl:{r:k}", 1, &members).keys(),
+            ["tl:{r:k}", "tl:{r:k}:ban"]
+        );
+    }
+
     /// `KEYS` and `ARGV` of each call, as the scripts' headers give them.
     #[test]
     fn keys_and_argv_follow_the_script_headers() {
