@@ -1,8 +1,9 @@
 -- lua/sliding_log.lua: GENERATED from lua/lib/common.lua and lua/src/sliding_log.lua,
 -- whose header (below the libraries) describes KEYS, ARGV and the reply. Edit those files, then run
 -- `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files`. Load this file as it is (EVAL or SCRIPT LOAD).
--- lib/common.lua — the integer helpers, the clock and the bans every script of lua/ uses: src/store/script.rs puts
--- it in front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+-- lib/common.lua — the integer helpers, the ARGV reader, the clock and the bans every script of lua/ uses:
+-- src/store/script.rs puts it in front of each script (Redis runs every script on its own, so the helpers cannot be
+-- loaded once).
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
@@ -81,7 +82,7 @@ end
 
 local window, limit, cost = numbers(1, 3)
 local member = ARGV[4]
-local ban_ms = tonumber(ARGV[5])
+local ban_ms = numbers(5, 5)
 local now_arg = 6
 if not (window and limit and cost and member and ban_ms) or window < 1 or limit < 1 or cost < 0 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_log: bad arguments (window_ms, limit, cost, member, ban_ms)')

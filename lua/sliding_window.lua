@@ -1,8 +1,9 @@
 -- lua/sliding_window.lua: GENERATED from lua/lib/common.lua and lua/src/sliding_window.lua,
 -- whose header (below the libraries) describes KEYS, ARGV and the reply. Edit those files, then run
 -- `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files`. Load this file as it is (EVAL or SCRIPT LOAD).
--- lib/common.lua — the integer helpers, the clock and the bans every script of lua/ uses: src/store/script.rs puts
--- it in front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+-- lib/common.lua — the integer helpers, the ARGV reader, the clock and the bans every script of lua/ uses:
+-- src/store/script.rs puts it in front of each script (Redis runs every script on its own, so the helpers cannot be
+-- loaded once).
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)

@@ -1,8 +1,9 @@
 -- lua/token_bucket.lua: GENERATED from lua/lib/common.lua, lua/lib/bucket.lua and lua/src/token_bucket.lua,
 -- whose header (below the libraries) describes KEYS, ARGV and the reply. Edit those files, then run
 -- `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files`. Load this file as it is (EVAL or SCRIPT LOAD).
--- lib/common.lua — the integer helpers, the clock and the bans every script of lua/ uses: src/store/script.rs puts
--- it in front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+-- lib/common.lua — the integer helpers, the ARGV reader, the clock and the bans every script of lua/ uses:
+-- src/store/script.rs puts it in front of each script (Redis runs every script on its own, so the helpers cannot be
+-- loaded once).
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
@@ -348,7 +349,7 @@ end
 local capacity, rate, per, min, max = numbers(1, 5)
 local ban_key, ban_ms = KEYS[2], 0
 local now_arg = 6
-if ban_key then ban_ms, now_arg = tonumber(ARGV[6]), 7 end
+if ban_key then ban_ms, now_arg = numbers(6, 6), 7 end
 if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or rate < 0 or per < 1 or min < 0 or max < min or (min == 0 and max > 0) or ban_ms < 0 then
   return redis.error_reply('ERR token_bucket: bad arguments (capacity, rate, per_ms, min, max)')
 end

@@ -1,8 +1,9 @@
 -- lua/token_return.lua: GENERATED from lua/lib/common.lua, lua/lib/bucket.lua and lua/src/token_return.lua,
 -- whose header (below the libraries) describes KEYS, ARGV and the reply. Edit those files, then run
 -- `TOKENLEASE_WRITE_LUA=1 cargo test --lib lua_files`. Load this file as it is (EVAL or SCRIPT LOAD).
--- lib/common.lua — the integer helpers, the clock and the bans every script of lua/ uses: src/store/script.rs puts
--- it in front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+-- lib/common.lua — the integer helpers, the ARGV reader, the clock and the bans every script of lua/ uses:
+-- src/store/script.rs puts it in front of each script (Redis runs every script on its own, so the helpers cannot be
+-- loaded once).
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)
@@ -344,7 +345,7 @@ end
 local capacity, rate, per, n = numbers(1, 4)
 local mark_ms, since = 0, '-1'
 local now_arg = 5
-if KEYS[2] then mark_ms, since, now_arg = tonumber(ARGV[5]), ARGV[6] or '-1', 7 end
+if KEYS[2] then mark_ms, since, now_arg = numbers(5, 5), ARGV[6] or '-1', 7 end
 -- `lent`: { stamp, tokens } of each lease named, nil when none.
 local lent, sum = nil, n
 if tonumber(since) then

@@ -1,5 +1,5 @@
 //! The scripts' own parts, `lua/src/`, share their helpers from one source: `lua/lib/common.lua` (the integer
-//! helpers and the clock) goes in front of every script and `lua/lib/bucket.lua` (the token bucket's hash) in front
+//! helpers, the ARGV reader, the clock, bans and a window's gate) goes in front of every script and `lua/lib/bucket.lua` (the token bucket's hash) in front
 //! of every token script (`src/store/script.rs`, which also writes the assembled `lua/NAME.lua`). These tests fail when a script defines again what a library holds, calls a
 //! library it is not assembled with, reads the clock another way, or cites a file that does not exist. Reads the
 //! scripts from the source tree; needs no Redis.
@@ -14,7 +14,18 @@ type Lib = (&'static str, &'static [&'static str], fn(&str) -> bool);
 const LIBS: [Lib; 2] = [
     (
         "common.lua",
-        &["idiv", "cdiv", "int", "now_of", "ban_left", "ban", "refused"],
+        &[
+            "idiv",
+            "cdiv",
+            "int",
+            "numbers",
+            "now_of",
+            "ban_left",
+            "ban",
+            "refused",
+            "window_gate",
+            "refuse_window",
+        ],
         |_| true,
     ),
     (

@@ -1,5 +1,6 @@
--- lib/common.lua — the integer helpers, the clock and the bans every script of lua/ uses: src/store/script.rs puts
--- it in front of each script (Redis runs every script on its own, so the helpers cannot be loaded once).
+-- lib/common.lua — the integer helpers, the ARGV reader, the clock and the bans every script of lua/ uses:
+-- src/store/script.rs puts it in front of each script (Redis runs every script on its own, so the helpers cannot be
+-- loaded once).
 
 local function idiv(a, b) -- floor(a / b) for integers, b ≥ 1; exact while |a| < 2^53
   local q = math.floor(a / b)

@@ -22,7 +22,7 @@
 
 local window, limit, cost = numbers(1, 3)
 local member = ARGV[4]
-local ban_ms = tonumber(ARGV[5])
+local ban_ms = numbers(5, 5)
 local now_arg = 6
 if not (window and limit and cost and member and ban_ms) or window < 1 or limit < 1 or cost < 0 or ban_ms < 0 then
   return redis.error_reply('ERR sliding_log: bad arguments (window_ms, limit, cost, member, ban_ms)')

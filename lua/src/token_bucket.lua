@@ -40,7 +40,7 @@
 local capacity, rate, per, min, max = numbers(1, 5)
 local ban_key, ban_ms = KEYS[2], 0
 local now_arg = 6
-if ban_key then ban_ms, now_arg = tonumber(ARGV[6]), 7 end
+if ban_key then ban_ms, now_arg = numbers(6, 6), 7 end
 if not (capacity and rate and per and min and max and ban_ms) or capacity < 1 or rate < 0 or per < 1 or min < 0 or max < min or (min == 0 and max > 0) or ban_ms < 0 then
   return redis.error_reply('ERR token_bucket: bad arguments (capacity, rate, per_ms, min, max)')
 end

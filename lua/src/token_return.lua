@@ -36,7 +36,7 @@
 local capacity, rate, per, n = numbers(1, 4)
 local mark_ms, since = 0, '-1'
 local now_arg = 5
-if KEYS[2] then mark_ms, since, now_arg = tonumber(ARGV[5]), ARGV[6] or '-1', 7 end
+if KEYS[2] then mark_ms, since, now_arg = numbers(5, 5), ARGV[6] or '-1', 7 end
 -- `lent`: { stamp, tokens } of each lease named, nil when none.
 local lent, sum = nil, n
 if tonumber(since) then
