@@ -458,7 +458,9 @@ impl Rule {
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] when the rule is not a token bucket, `min_batch` is 0,
-    /// `max_batch < min_batch`, `max_batch` exceeds the capacity, `ttl` is zero, or `hot_after` is `Some(0)`.
+    /// `max_batch < min_batch`, `max_batch` exceeds the capacity, `ttl` is zero, or `hot_after` is `Some(0)`;
+    /// when the rule bans ([`NO_BAN_WITH_LEASE`]); when it has an unleased override already (overrides lease
+    /// exactly when the rule does: add them after the lease, each with its own).
     pub fn with_lease(mut self, lease: Lease) -> Result<Self, crate::Error> {
         let Algorithm::TokenBucket {
             bucket,
@@ -475,6 +477,10 @@ impl Rule {
             .map_err(|(name, reason)| crate::Error::InvalidArgument { name, reason })?;
         if *ban_ms > 0 {
             return Err(invalid(("lease", NO_BAN_WITH_LEASE.into())));
+        }
+        if !self.overrides.is_empty() {
+            let why = "overrides lease exactly when the rule does: add them after the lease, each with its own";
+            return Err(invalid(("lease", why.into())));
         }
         *slot = Some(lease);
         Ok(self)
@@ -539,6 +545,30 @@ mod tests {
         assert_eq!(r.algorithm_for("vip:gold:42").capacity(), 5);
         let other = super::Rule::fixed_window("post", 1, Duration::from_secs(1)).unwrap();
         assert!(rule(1).with_override("x", other).is_err());
+    }
+
+    /// Overrides lease exactly when the rule does, in whichever order the builder is called.
+    #[test]
+    fn a_lease_after_an_unleased_override_is_refused() {
+        use std::time::Duration;
+        let bucket = |capacity| super::Rule::token_bucket("buy", capacity, 10, Duration::from_secs(1)).unwrap();
+        let lease = super::Lease {
+            min_batch: 1,
+            max_batch: 5,
+            ttl: Duration::from_millis(200),
+            hot_after: None,
+            reserve: None,
+        };
+        let late = bucket(10).with_override("vip:*", bucket(20)).unwrap().with_lease(lease);
+        assert!(late.is_err_and(|e| e.to_string().contains("overrides lease exactly when the rule does")));
+        let leased = bucket(10).with_lease(lease).unwrap();
+        assert!(leased.clone().with_override("vip:*", bucket(20)).is_err());
+        let vip = bucket(20).with_lease(lease).unwrap();
+        let both = leased.with_override("vip:*", vip).unwrap();
+        assert!(matches!(
+            both.algorithm_for("vip:1"),
+            super::Algorithm::TokenBucket { lease: Some(_), .. }
+        ));
     }
 
     #[test]
