@@ -94,11 +94,7 @@ impl Fallback {
         match compiled.fail_mode {
             FailMode::Open => Ok(Reply {
                 granted: cost,
-                remaining: 0,
-                retry_after_ms: 0,
-                reset_after_ms: 0,
-                stamp: 0,
-                held: 0,
+                ..Reply::default()
             }),
             FailMode::Closed | FailMode::Local => Err(Error::Store(error)),
         }

@@ -118,11 +118,7 @@ impl LeakyBucket {
             *state = None;
             return Reply {
                 granted: cost,
-                remaining: 0,
-                retry_after_ms: 0,
-                reset_after_ms: 0,
-                stamp: 0,
-                held: 0,
+                ..Reply::default()
             };
         }
         t.ms = now_ms + u64::try_from(tat.div_euclid(rate)).unwrap_or(u64::MAX);
@@ -130,11 +126,8 @@ impl LeakyBucket {
         t.tail.clear();
         Reply {
             granted: cost,
-            remaining: 0,
-            retry_after_ms: 0,
             reset_after_ms: ceil_div_i(tat, rate),
-            stamp: 0,
-            held: 0,
+            ..Reply::default()
         }
     }
 }
