@@ -195,12 +195,15 @@ local function refill_ms(l, full, rate)
 end
 -- The whole tokens of a level l (in 1/per tokens): 0 in debt.
 local function whole_tokens(l, per) if l < 0 then return 0 end return idiv(l, per) end
+-- The room below the top of a bucket at level l (in 1/per tokens), in whole tokens: its capacity less what is pending
+-- and held, less the level.
+local function room_of(l, per, capacity, pend, held) return idiv((capacity - pend - held) * per - l, per) end
 -- Takes between need and max whole tokens of a level l (in 1/per tokens) of a bucket with pend pending and held
 -- held: all there is up to max when need are there (max 0 takes none: a peek). Returns the tokens granted, the
 -- level after, retry_after (0 when need are there; -1 never: need > capacity, or rate 0; else ms until they are)
 -- and the room before the take (what note_room records).
 local function take(l, per, capacity, rate, pend, held, need, max)
-  local room = idiv((capacity - pend - held) * per - l, per)
+  local room = room_of(l, per, capacity, pend, held)
   local tokens = idiv(l, per)
   if need > capacity then return 0, l, -1, room end
   if tokens >= need then

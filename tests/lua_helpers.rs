@@ -1,6 +1,7 @@
 //! The scripts' own parts, `lua/src/`, share their helpers from one source: `lua/lib/common.lua` (the integer
-//! helpers, the ARGV reader, the clock, bans and a window's gate) goes in front of every script and `lua/lib/bucket.lua` (the token bucket's hash) in front
-//! of every token script (`src/store/script.rs`, which also writes the assembled `lua/NAME.lua`). These tests fail when a script defines again what a library holds, calls a
+//! helpers, the ARGV reader, the clock, bans and a window's gate) goes in front of every script and
+//! `lua/lib/bucket.lua` (the token bucket's hash) in front of every token script (`src/store/script.rs`, which also
+//! writes the assembled `lua/NAME.lua`). These tests fail when a script defines again what a library holds, calls a
 //! library it is not assembled with, reads the clock another way, or cites a file that does not exist. Reads the
 //! scripts from the source tree; needs no Redis.
 
@@ -37,6 +38,8 @@ const LIBS: [Lib; 2] = [
             "open_bucket",
             "refill_ms",
             "whole_tokens",
+            "room_of",
+            "take",
             "save_bucket",
             "note_room",
         ],

@@ -47,7 +47,7 @@ if wait > max_wait then
   if not same then save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted) end
   return { 0, whole_tokens(level, per), wait - max_wait, refill_ms(level, full, rate) }
 end
-local room = idiv((capacity - pend - held) * per - level, per)
+local room = room_of(level, per, capacity, pend, held)
 level = level - cost * per
 save_bucket(KEYS[1], level, ts, capacity, rate, per, adopted)
 if noted then note_room(KEYS[1], room, false, now) end

@@ -68,7 +68,7 @@ local function reply(accepted) -- remaining: 0 still in debt
 end
 if added then return reply(added) end -- applied already: nothing is written
 
-local room = idiv((capacity - pend - held) * per - level, per)
+local room = room_of(level, per, capacity, pend, held)
 local before = idiv(level, per)
 -- A give-back of leases' tokens lowers the rooms noted after each stamp by what that lease's tokens added.
 local fills = nil
