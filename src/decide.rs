@@ -144,8 +144,8 @@ impl Engine {
                 // A hot key: decided from its leased tokens (and counted by its shards), or by the fail mode.
                 Some((decision, true)) => return Ok(compiled.shadowed(decision)),
                 Some((decision, false)) => decision,
-                // A cold one: one store call, as without a lease (a leased rule cannot ban); hot at once if the
-                // fleet spends its bucket.
+                // A cold one: one store call, as without a lease (`Call::check` ignores the lease and any ban);
+                // hot at once if the fleet spends its bucket.
                 None => {
                     let decision = self.check_store(compiled, algorithm, key, cost).await;
                     if decision.source != Source::Fallback {

@@ -224,23 +224,19 @@ impl State {
     /// The state after `event` at `now_ns`, and what it says about the call when the event is a
     /// [`Event::Call`] ([`Admit::Yes`] for the other events).
     fn step(self, event: Event, trip: Trip, now_ns: u64) -> (Self, Admit) {
-        let open = Self::Open {
-            until_ns: now_ns.saturating_add(trip.open_for_ns),
-        };
+        // Open or half-open from now: for `open_for_ns`.
+        let next_ns = now_ns.saturating_add(trip.open_for_ns);
         match (self, event) {
             (Self::Closed { .. }, Event::Call) => (self, Admit::Yes),
-            (Self::Open { until_ns } | Self::HalfOpen { until_ns }, Event::Call) if now_ns >= until_ns => (
-                Self::HalfOpen {
-                    until_ns: now_ns.saturating_add(trip.open_for_ns),
-                },
-                Admit::Probe,
-            ),
+            (Self::Open { until_ns } | Self::HalfOpen { until_ns }, Event::Call) if now_ns >= until_ns => {
+                (Self::HalfOpen { until_ns: next_ns }, Admit::Probe)
+            }
             (Self::Open { .. } | Self::HalfOpen { .. }, Event::Call) => (self, Admit::No),
             (_, Event::Answered) => (Self::Closed { failures: 0 }, Admit::Yes),
             (Self::Closed { failures }, Event::Failed) if failures.saturating_add(1) < trip.failures => {
                 (Self::Closed { failures: failures + 1 }, Admit::Yes)
             }
-            (_, Event::Failed) => (open, Admit::Yes),
+            (_, Event::Failed) => (Self::Open { until_ns: next_ns }, Admit::Yes),
         }
     }
 }
